@@ -1,0 +1,1 @@
+"""The witness suite: launch real tasks through the sandbox under test and assert from inside them."""

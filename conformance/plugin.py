@@ -1,0 +1,1 @@
+"""pytest plugin (pytest11 entry point `sandbox_conformance`)."""

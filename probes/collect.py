@@ -1,0 +1,53 @@
+"""Run the probes concurrently and return their findings in a stable order."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib
+from collections.abc import Callable, Iterable
+
+from probes.finding import Finding, Verdict
+from probes.host import Host
+
+# probe module -> the probe ids it reports, in display order. The runner and the witness suite
+# depend on these ids.
+MODULES: dict[str, tuple[str, ...]] = {
+    "probes.platform": ("platform",),
+    "probes.bwrap": ("bwrap",),
+    "probes.ladder": ("userns", "userns.map", "netns", "pidns.proc", "disable_userns"),
+    "probes.cgroup": ("cgroup", "cgroup.delegation"),
+    "probes.sandboxed": ("sandboxed",),
+    "probes.deployment": ("deployment",),
+    "probes.container_engine": ("container_engine",),
+    "probes.systemd_user": ("systemd_user",),
+}
+PROBE_IDS: tuple[str, ...] = tuple(i for ids in MODULES.values() for i in ids)
+
+
+def _module_probe(name: str) -> Callable[[Host], list[Finding]]:
+    return importlib.import_module(name).probe
+
+
+def collect(host: Host | None = None, only: Iterable[str] | None = None) -> list[Finding]:
+    """Findings for the requested probe ids (all when `only` is None), probes run concurrently.
+
+    A probe that raises is a bug in the probe; it is reported as `unknown` with the exception, so one
+    broken probe cannot hide the others, and it is never read as a pass."""
+    host = host or Host()
+    wanted = set(PROBE_IDS if only is None else only)
+    unknown_ids = wanted - set(PROBE_IDS)
+    if unknown_ids:
+        raise ValueError(f"unknown probe id(s): {', '.join(sorted(unknown_ids))}")
+    modules = [m for m, ids in MODULES.items() if wanted & set(ids)]
+    results: dict[str, Finding] = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(modules) or 1) as pool:
+        futures = {pool.submit(_module_probe(m), host): m for m in modules}
+        for fut, m in futures.items():
+            try:
+                for f in fut.result():
+                    results[f.probe] = f
+            except Exception as e:  # noqa: BLE001 - reported, never swallowed as a pass
+                for pid in MODULES[m]:
+                    results[pid] = Finding(pid, Verdict.unknown, f"probe crashed: {type(e).__name__}: {e}",
+                                           {"exception": repr(e)})
+    return [results[i] for i in PROBE_IDS if i in wanted and i in results]

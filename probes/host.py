@@ -1,0 +1,58 @@
+"""The host a probe looks at: roots and the command runner are parameters, so a unit test can build
+a fake host in tmp_path and an integration test can use the real one (psutil's PROCFS_PATH idea)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pwd
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+from probes.run import Runner, run
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    root: Path = Path("/")  # the filesystem root marker files are looked up under
+    proc: Path = Path("/proc")
+    sys: Path = Path("/sys")
+    env: Mapping[str, str] = dataclasses.field(default_factory=lambda: dict(os.environ))
+    runner: Runner = run
+    euid: int = dataclasses.field(default_factory=os.geteuid)
+    # When set, trials run as this user (through setpriv), not as ourselves: `probe --as-user`.
+    as_user: str | None = None
+    timeout: float = 10.0
+
+    def path(self, absolute: str) -> Path:
+        """A host-absolute path under this host's root."""
+        return self.root / absolute.lstrip("/")
+
+    def read(self, path: Path) -> str:
+        return path.read_text(errors="replace")
+
+    def which(self, name: str) -> str | None:
+        """Resolve through PATH as given, dropping relative entries: a binary in the current directory
+        must never stand in for the system one (bubblewrap's own advice for setuid installs)."""
+        path = self.env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+        safe = os.pathsep.join(p for p in path.split(os.pathsep) if p.startswith("/"))
+        found = shutil.which(name, path=safe)
+        return os.path.realpath(found) if found else None
+
+    @property
+    def trial_prefix(self) -> tuple[str, ...]:
+        """argv prefix that makes a trial run as the probed user rather than as us."""
+        if self.as_user is None:
+            return ()
+        return ("setpriv", f"--reuid={self.as_user}", f"--regid={self.as_user}", "--init-groups",
+                "--inh-caps=-all", "--reset-env", "--")
+
+    @property
+    def user(self) -> str:
+        if self.as_user:
+            return self.as_user
+        try:
+            return pwd.getpwuid(self.euid).pw_name
+        except KeyError:
+            return str(self.euid)

@@ -1,0 +1,100 @@
+"""The one subprocess wrapper: a timeout always, the whole process group killed, a minimal env."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+# The environment a child gets unless the caller says otherwise: enough to find binaries and speak
+# UTF-8, nothing that could carry a secret into a probe or a sandbox.
+ENV_ALLOWLIST = ("PATH", "LANG", "LC_ALL", "TERM", "TZ")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclasses.dataclass(frozen=True)
+class Completed:
+    argv: tuple[str, ...]
+    returncode: int | None  # None: killed on timeout
+    stdout: str
+    stderr: str
+    seconds: float
+    timed_out: bool = False
+    not_found: bool = False  # argv[0] could not be executed at all
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def stderr_tail(self, lines: int = 3) -> str:
+        return " | ".join(self.stderr.strip().splitlines()[-lines:])
+
+
+class Runner(Protocol):
+    def __call__(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        input: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Completed: ...
+
+
+def minimal_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ}
+    env.setdefault("PATH", DEFAULT_PATH)
+    env.update(extra or {})
+    return env
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    input: str | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+) -> Completed:
+    """Run argv in a new session; on timeout SIGKILL its whole process group and reap it."""
+    argv = tuple(str(a) for a in argv)
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(env) if env is not None else minimal_env(),
+            cwd=cwd,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+    except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
+        return Completed(argv, 127, "", f"{argv[0]}: {e.strerror}", 0.0, not_found=True)
+    try:
+        out, err = proc.communicate(input, timeout=timeout)
+        # The leader exited; anything it left in its group (a daemonised grandchild) goes too.
+        kill_group(proc.pid)
+        return Completed(argv, proc.returncode, out, err, time.monotonic() - started)
+    except subprocess.TimeoutExpired:
+        kill_group(proc.pid)
+        out, err = proc.communicate()
+        return Completed(argv, None, out, err, time.monotonic() - started, timed_out=True)
+    except BaseException:
+        kill_group(proc.pid)
+        proc.wait()
+        raise

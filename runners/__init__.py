@@ -1,0 +1,1 @@
+"""The driver: decide where the witness suite may run, run it there, or refuse."""

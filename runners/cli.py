@@ -1,0 +1,68 @@
+"""`sandbox-conformance`: one entry point, one subcommand module each.
+
+Each subcommand module exposes `add_arguments(parser)` and `main(args) -> int`; this file turns
+UsageError into exit 2 with one line and Refusal into exit 75, so no subcommand prints a traceback
+for bad input."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from runners.errors import EXIT_DID_NOT_RUN, EXIT_USAGE, Refusal, UsageError
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "probe": ("runners.probe_cmd", "find out what this host offers, with evidence"),
+    "witness": ("conformance.cli", "run the witness suite on this host (no mode logic)"),
+    "run": ("runners.run_cmd", "decide native or container mode, run the witness suite there, or refuse"),
+    "controls": ("conformance.controls_cmd", "prove every witness can go red, for the right reason"),
+    "mr-check": ("runners.mr_check", "say which tier covers a change, run it, or hand it over"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, not argparse's usage dump: exit 2 is a contract.
+        print(f"{self.prog}: {message} (see --help)", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="sandbox-conformance", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name, (module, help_) in SUBCOMMANDS.items():
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            continue  # not built yet on this branch: the command is simply absent
+        p = sub.add_parser(name, help=help_, description=help_)
+        mod.add_arguments(p)
+        p.set_defaults(_main=mod.main)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._main(args))
+    except UsageError as e:
+        print(f"sandbox-conformance {args.command}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except Refusal as e:
+        print(f"sandbox-conformance {args.command}: refused: {e.reason}", file=sys.stderr)
+        for way in e.ways_on:
+            print(f"  way on: {way}", file=sys.stderr)
+        return EXIT_DID_NOT_RUN
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

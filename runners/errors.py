@@ -1,0 +1,39 @@
+"""The one exit path for usage errors and refusals. Only CLI code calls these."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+EXIT_OK = 0
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+EXIT_DID_NOT_RUN = 75  # EX_TEMPFAIL (sysexits.h): nothing was tested; not a red suite
+
+
+class UsageError(Exception):
+    """Bad input: becomes exit 2 with this one line, never a traceback."""
+
+
+class Refusal(Exception):
+    """Running here would be unsafe or meaningless: exit 75 with the reason and the ways on."""
+
+    def __init__(self, reason: str, ways_on: Sequence[str] = ()) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.ways_on = tuple(ways_on)
+
+
+def die(message: str, *, hint: str | None = None) -> NoReturn:
+    print(f"sandbox-conformance: {message}", file=sys.stderr)
+    if hint:
+        print(f"  hint: {hint}", file=sys.stderr)
+    sys.exit(EXIT_USAGE)
+
+
+def refuse(reason: str, *, ways_on: Sequence[str] = ()) -> NoReturn:
+    print(f"sandbox-conformance: refused: {reason}", file=sys.stderr)
+    for way in ways_on:
+        print(f"  way on: {way}", file=sys.stderr)
+    sys.exit(EXIT_DID_NOT_RUN)
