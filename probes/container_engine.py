@@ -1,0 +1,213 @@
+"""`container_engine`: a docker or podman CLI, whether its engine answers and through which socket,
+and whether that engine is rootless.
+
+The socket is resolved the way the CLI resolves it (DOCKER_HOST / CONTAINER_HOST, a docker context,
+else the default socket) and, when it is a local unix socket, tried with connect(2) first: ENOENT or
+ECONNREFUSED means no engine is listening, EACCES means one is and we may not talk to it (not in the
+docker group). Only then is the CLI asked (`docker info`), with a short timeout."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from probes.finding import Finding, Verdict
+from probes.host import Host
+from probes.run import Completed
+
+DOCKER_DEFAULT_SOCKET = "/var/run/docker.sock"  # the docker CLI's default, rootful or not
+CLI_TIMEOUT = 5.0
+CONNECT_TIMEOUT = 2.0
+# What the engine CLIs read to find their endpoint; nothing else of ours reaches them.
+CLI_ENV = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG", "DOCKER_CERT_PATH",
+           "DOCKER_TLS_VERIFY", "CONTAINER_HOST", "CONTAINER_CONNECTION", "XDG_RUNTIME_DIR",
+           "XDG_CONFIG_HOME")
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    cli: str  # "docker" | "podman"
+    address: str | None  # "unix:///var/run/docker.sock", "tcp://...", or None for podman's local mode
+    source: str  # where it came from: "DOCKER_HOST", "context foo", "default", "local"
+
+    @property
+    def unix_path(self) -> str | None:
+        if self.address and self.address.startswith("unix://"):
+            return self.address.removeprefix("unix://")
+        return None
+
+
+def cli_env(host: Host) -> dict[str, str]:
+    env = {k: host.env[k] for k in CLI_ENV if k in host.env}
+    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    env["LANG"] = "C"
+    return env
+
+
+def _home(host: Host) -> str:
+    return host.env.get("HOME") or os.path.expanduser("~")
+
+
+def docker_current_context(host: Host) -> str | None:
+    """The docker CLI's context: DOCKER_CONTEXT, else currentContext in $DOCKER_CONFIG/config.json
+    (default ~/.docker). None or "default" means the DOCKER_HOST / default-socket rules apply."""
+    if host.env.get("DOCKER_CONTEXT"):
+        return host.env["DOCKER_CONTEXT"]
+    config_dir = host.env.get("DOCKER_CONFIG") or os.path.join(_home(host), ".docker")
+    try:
+        doc = json.loads(host.path(os.path.join(config_dir, "config.json")).read_text())
+    except (FileNotFoundError, NotADirectoryError, PermissionError, ValueError):
+        return None
+    ctx = doc.get("currentContext") if isinstance(doc, dict) else None
+    return ctx if isinstance(ctx, str) and ctx else None
+
+
+def endpoint(host: Host, cli: str) -> Endpoint:
+    if cli == "podman":
+        if host.env.get("CONTAINER_HOST"):
+            return Endpoint(cli, host.env["CONTAINER_HOST"], "CONTAINER_HOST")
+        # Podman needs no daemon: the CLI is the engine, run as whoever calls it.
+        return Endpoint(cli, None, "local")
+    if host.env.get("DOCKER_HOST"):
+        return Endpoint(cli, host.env["DOCKER_HOST"], "DOCKER_HOST")
+    ctx = docker_current_context(host)
+    if ctx and ctx != "default":
+        return Endpoint(cli, None, f"context {ctx}")
+    return Endpoint(cli, f"unix://{DOCKER_DEFAULT_SOCKET}", "default")
+
+
+def connect_errno(path: Path) -> str | None:
+    """connect(2) to a unix socket: None when something accepted, else the errno name."""
+    try:
+        os.stat(path)  # the common case, no engine at all, answered without importing socket
+    except OSError as e:
+        return errno.errorcode.get(e.errno or 0, str(e.errno))
+    # Lazy: importing socket costs a few ms of start-up that the no-engine case does not need.
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    s.settimeout(CONNECT_TIMEOUT)
+    try:
+        s.connect(os.fspath(path))
+        return None
+    except TimeoutError:
+        return "ETIMEDOUT"
+    except OSError as e:
+        return errno.errorcode.get(e.errno or 0, str(e.errno))
+    finally:
+        s.close()
+
+
+# connect(2) errnos that mean "nothing is listening there" (no engine), and "someone is, but not for us".
+NO_LISTENER = ("ENOENT", "ECONNREFUSED", "ENOTDIR")
+REFUSED_US = ("EACCES", "EPERM")
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    cli: str
+    path: str
+    endpoint: Endpoint
+    connect: str | None  # errno name from connect(2), None: connected or not a unix socket
+    info: Mapping[str, Any] | None  # the engine's info document when it answered
+    failure: str  # why not, when info is None
+
+
+def parse_docker_info(done: Completed) -> Mapping[str, Any] | None:
+    """`docker info --format '{{json .}}'` prints the client's half (ServerVersion "") even when the
+    daemon is down, so an answer means exit 0 and a server version."""
+    if not done.ok:
+        return None
+    try:
+        doc = json.loads(done.stdout)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) and doc.get("ServerVersion") else None
+
+
+def parse_podman_info(done: Completed) -> Mapping[str, Any] | None:
+    if not done.ok:
+        return None
+    try:
+        doc = json.loads(done.stdout)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("host"), dict) else None
+
+
+def rootless(cli: str, info: Mapping[str, Any]) -> bool | None:
+    if cli == "docker":
+        # A rootless dockerd lists "name=rootless" among its security options (docker info).
+        opts = info.get("SecurityOptions")
+        return any("name=rootless" in o for o in opts) if isinstance(opts, list) else None
+    sec = info.get("host", {}).get("security", {})
+    value = sec.get("rootless") if isinstance(sec, dict) else None
+    return value if isinstance(value, bool) else None
+
+
+def attempt(host: Host, cli: str, path: str) -> Attempt:
+    ep = endpoint(host, cli)
+    conn = None
+    if ep.unix_path is not None:
+        conn = connect_errno(host.path(ep.unix_path))
+        if conn is not None:
+            return Attempt(cli, path, ep, conn, None, f"connect({ep.unix_path}): {conn}")
+    done = host.runner([path, "info", "--format", "{{json .}}"], timeout=min(CLI_TIMEOUT, host.timeout),
+                       env=cli_env(host))
+    info = parse_docker_info(done) if cli == "docker" else parse_podman_info(done)
+    if info is not None:
+        return Attempt(cli, path, ep, None, info, "")
+    why = (f"`{cli} info` timed out after {done.seconds:.1f}s" if done.timed_out
+           else f"`{cli} info` exit {done.returncode}: {done.stderr_tail(1) or 'no server answer'}")
+    return Attempt(cli, path, ep, None, None, why)
+
+
+def decide(attempts: list[Attempt]) -> tuple[Verdict, str, Attempt | None]:
+    """Pure: the first engine that answered wins; else a refused socket is `denied`, no listener
+    anywhere is `unsupported` (the CLI without an engine), anything else is `unknown`."""
+    if not attempts:
+        return Verdict.unsupported, "no docker or podman CLI on PATH", None
+    for a in attempts:
+        if a.info is not None:
+            where = a.endpoint.address or "local (no daemon, podman runs in-process)"
+            mode = {True: "rootless", False: "rootful", None: "rootless unknown"}[rootless(a.cli, a.info)]
+            return Verdict.supported, f"{a.cli} engine answers via {where} ({a.endpoint.source}), {mode}", a
+    for a in attempts:
+        if a.connect in REFUSED_US:
+            return (Verdict.denied, f"{a.cli}: the engine socket {a.endpoint.unix_path} refuses us "
+                    f"({a.connect}): join its group or use a rootless engine", a)
+    if all(a.connect in NO_LISTENER for a in attempts):
+        said = "; ".join(f"{a.cli} CLI at {a.path} but no engine listening at {a.endpoint.unix_path} "
+                         f"({a.connect})" for a in attempts)
+        return Verdict.unsupported, said, attempts[0]
+    said = "; ".join(f"{a.cli}: {a.failure}" for a in attempts)
+    return Verdict.unknown, f"could not tell whether an engine is reachable: {said}", attempts[0]
+
+
+def probe(host: Host) -> list[Finding]:
+    attempts = [attempt(host, cli, path) for cli in ("docker", "podman") if (path := host.which(cli))]
+    verdict, reason, chosen = decide(attempts)
+    ev: dict[str, str] = {}
+    for a in attempts:
+        ev[f"{a.cli}.path"] = a.path
+        ev[f"{a.cli}.endpoint"] = f"{a.endpoint.address or '-'} ({a.endpoint.source})"
+        if a.connect:
+            ev[f"{a.cli}.connect"] = a.connect
+        if a.info is not None:
+            version = a.info.get("ServerVersion") or a.info.get("version", {}).get("Version")
+            ev[f"{a.cli}.server_version"] = str(version)
+        else:
+            ev[f"{a.cli}.failure"] = a.failure
+    facts = {
+        "cli": chosen.cli if chosen else None,
+        "path": chosen.path if chosen else None,
+        "socket": (chosen.endpoint.address if chosen else None),
+        "rootless": rootless(chosen.cli, chosen.info) if chosen and chosen.info is not None else None,
+        "reachable": bool(chosen and chosen.info is not None),
+    }
+    return [Finding("container_engine", verdict, reason, ev, facts)]

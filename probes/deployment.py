@@ -1,0 +1,305 @@
+"""`deployment`: is this a deployment host, one the conformance run must not disturb?
+
+The user declares what a deployment looks like (a *signature*) in TOML; three arms look for it:
+
+- units: active units enumerated under the system manager AND our user manager
+  (`systemctl [--user] list-units --type=service,scope --state=active --no-legend --plain`) and
+  matched on name suffix. Never `is-active` of one guessed name: a renamed unit would pass.
+- config_paths: a declared path (absolute or `~/`-relative) exists.
+- containers: `docker ps` / `podman ps` names matched against glob patterns.
+
+Signature files, all read and merged as a union (so adding one can only make the guard stricter):
+  /etc/sandbox-conformance/deployment.toml
+  ${XDG_CONFIG_HOME:-~/.config}/sandbox-conformance/deployment.toml
+  $SANDBOX_CONFORMANCE_DEPLOYMENT_CONFIG (must exist when set: a promise of a signature)
+Schema (every key optional, no other keys allowed: a misspelt key would silently weaken the guard):
+  [deployment]
+  unit_suffixes = ["-agent.service"]               # each must end in .service or .scope
+  config_paths = ["~/.config/agentd/config.toml", "/etc/agentd"]
+  container_names = ["agentd-*"]                   # fnmatch globs, case-sensitive
+
+Verdicts: detected when any arm matched; unknown when no signature is configured (never "safe";
+facts.configured is False), when a signature file is malformed, or when a configured arm could not
+run and nothing matched; not_detected only when every configured arm ran and found nothing.
+
+What counts as "ran": a manager or engine that provably does not exist has no active units or
+containers, so it is clear, not failed -- no /run/systemd/system (sd_booted(3)), no
+$XDG_RUNTIME_DIR/systemd/private (no user manager), or connect(2) to the engine's local socket
+fails with ENOENT/ECONNREFUSED (nothing listening). A manager or engine that exists but does not
+answer is failed."""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import os
+import pwd
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from probes import container_engine as engines
+from probes.finding import Finding, Verdict
+from probes.host import Host
+
+ENV = "SANDBOX_CONFORMANCE_DEPLOYMENT_CONFIG"
+SYSTEM_FILE = "/etc/sandbox-conformance/deployment.toml"
+USER_FILE = "sandbox-conformance/deployment.toml"  # under ${XDG_CONFIG_HOME:-~/.config}
+KEYS = ("unit_suffixes", "config_paths", "container_names")
+UNIT_TYPES = (".service", ".scope")  # what list-units --type=service,scope can ever show
+CMD_TIMEOUT = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    unit_suffixes: tuple[str, ...] = ()
+    config_paths: tuple[str, ...] = ()
+    container_names: tuple[str, ...] = ()
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.unit_suffixes or self.config_paths or self.container_names)
+
+    def union(self, other: Signature) -> Signature:
+        def merge(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+            return tuple(dict.fromkeys(a + b))
+        return Signature(*(merge(getattr(self, k), getattr(other, k)) for k in KEYS))
+
+
+class SignatureError(ValueError):
+    pass
+
+
+def parse_signature(text: str) -> Signature:
+    """Parse and validate one signature file's text; SignatureError names the problem."""
+    import tomllib  # only when a signature file exists: most runs have none, and start-up counts
+
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SignatureError(f"TOML: {e}") from None
+    extra = sorted(set(doc) - {"deployment"})
+    if extra:
+        raise SignatureError(f"unknown top-level key(s) {', '.join(extra)}; expected [deployment]")
+    table = doc.get("deployment", {})
+    if not isinstance(table, dict):
+        raise SignatureError("deployment must be a table")
+    bad = sorted(set(table) - set(KEYS))
+    if bad:
+        raise SignatureError(f"unknown key(s) {', '.join(bad)} in [deployment]; known: {', '.join(KEYS)}")
+    values: dict[str, tuple[str, ...]] = {}
+    for key in KEYS:
+        items = table.get(key, [])
+        if not isinstance(items, list) or not all(isinstance(i, str) and i for i in items):
+            raise SignatureError(f"deployment.{key} must be a list of non-empty strings")
+        values[key] = tuple(items)
+    for s in values["unit_suffixes"]:
+        if not s.endswith(UNIT_TYPES):
+            raise SignatureError(f"unit suffix {s!r} must end in .service or .scope (units are listed "
+                                 f"with their type, so it could never match)")
+    for p in values["config_paths"]:
+        if not (p.startswith("/") or p == "~" or p.startswith("~/")):
+            raise SignatureError(f"config path {p!r} must be absolute or start with ~/")
+    return Signature(**values)
+
+
+def home(host: Host) -> str:
+    if host.env.get("HOME"):
+        return host.env["HOME"]
+    try:
+        return pwd.getpwuid(host.euid).pw_dir
+    except KeyError:
+        return "/"
+
+
+def expand(host: Host, path: str) -> str:
+    return home(host) + path[1:] if path == "~" or path.startswith("~/") else path
+
+
+def signature_files(host: Host) -> list[tuple[str, bool]]:
+    """(host-absolute path, required) in reading order; only the env var's file is required."""
+    config_home = host.env.get("XDG_CONFIG_HOME") or os.path.join(home(host), ".config")
+    files = [(SYSTEM_FILE, False), (os.path.join(config_home, USER_FILE), False)]
+    if host.env.get(ENV):
+        files.append((host.env[ENV], True))
+    return files
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    signature: Signature
+    read: tuple[str, ...]
+    errors: tuple[str, ...]  # "path: problem"
+
+
+def load(host: Host) -> Loaded:
+    sig, read, errors = Signature(), [], []
+    for path, required in signature_files(host):
+        if not os.path.isabs(path):
+            errors.append(f"{path}: {ENV} must be an absolute path")
+            continue
+        try:
+            text = host.path(path).read_text()
+        except (FileNotFoundError, NotADirectoryError):
+            if required:
+                errors.append(f"{path}: does not exist ({ENV} names it)")
+            continue
+        except (PermissionError, IsADirectoryError, UnicodeDecodeError) as e:
+            errors.append(f"{path}: cannot read: {type(e).__name__}")
+            continue
+        read.append(path)
+        try:
+            sig = sig.union(parse_signature(text))
+        except SignatureError as e:
+            errors.append(f"{path}: {e}")
+    return Loaded(sig, tuple(read), tuple(errors))
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    state: str  # "matched" | "clear" | "failed" | "not configured"
+    detail: str
+    matches: tuple[str, ...] = ()
+
+    @property
+    def summary(self) -> str:
+        return f"failed: {self.detail}" if self.state == "failed" else self.state
+
+
+def combine(parts: Iterable[Arm]) -> Arm:
+    """One arm from its parts (system + user manager; docker + podman): matched beats failed beats clear."""
+    parts = list(parts)
+    matches = tuple(m for p in parts for m in p.matches)
+    detail = "; ".join(p.detail for p in parts)
+    for state in ("matched", "failed"):
+        if any(p.state == state for p in parts):
+            return Arm(state, detail, matches)
+    return Arm("clear", detail)
+
+
+def unit_names(listing: str) -> list[str]:
+    # --plain --no-legend: `UNIT LOAD ACTIVE SUB DESCRIPTION...`, no bullets or headers.
+    return [line.split()[0] for line in listing.splitlines() if line.strip()]
+
+
+LIST_UNITS = ("list-units", "--type=service,scope", "--state=active", "--no-legend", "--plain", "--no-pager")
+
+
+def _manager(host: Host, *, user: bool, suffixes: tuple[str, ...]) -> Arm:
+    which = "user manager" if user else "system manager"
+    runtime = host.env.get("XDG_RUNTIME_DIR") or f"/run/user/{host.euid}"
+    if not user and not host.path("/run/systemd/system").is_dir():
+        # sd_booted(3): this directory exists iff systemd is PID 1. No system manager: no system units.
+        return Arm("clear", f"{which}: none (/run/systemd/system absent: systemd is not PID 1)")
+    if user and not host.path(f"{runtime}/systemd/private").exists():
+        return Arm("clear", f"{which}: none for uid {host.euid} ({runtime}/systemd/private absent)")
+    systemctl = host.which("systemctl")
+    if systemctl is None:
+        return Arm("failed", f"{which}: running, but no systemctl on PATH to list its units")
+    env = {"PATH": host.env.get("PATH", "/usr/bin:/bin"), "LANG": "C", "SYSTEMD_COLORS": "0",
+           "XDG_RUNTIME_DIR": runtime}
+    if user and host.env.get("DBUS_SESSION_BUS_ADDRESS"):
+        env["DBUS_SESSION_BUS_ADDRESS"] = host.env["DBUS_SESSION_BUS_ADDRESS"]
+    argv = [systemctl, *(["--user"] if user else []), *LIST_UNITS]
+    done = host.runner(argv, timeout=min(CMD_TIMEOUT, host.timeout), env=env)
+    if not done.ok:
+        why = "timed out" if done.timed_out else f"exit {done.returncode}: {done.stderr_tail(1)}"
+        return Arm("failed", f"{which}: `systemctl{' --user' if user else ''} list-units` {why}")
+    names = unit_names(done.stdout)
+    hits = tuple(f"unit {n} ({which})" for n in names if n.endswith(suffixes))
+    if hits:
+        return Arm("matched", f"{which}: {len(hits)} active unit(s) match", hits)
+    return Arm("clear", f"{which}: {len(names)} active unit(s), none match")
+
+
+def units_arm(host: Host, sig: Signature) -> Arm:
+    if not sig.unit_suffixes:
+        return Arm("not configured", "no unit_suffixes declared")
+    return combine([_manager(host, user=False, suffixes=sig.unit_suffixes),
+                    _manager(host, user=True, suffixes=sig.unit_suffixes)])
+
+
+def paths_arm(host: Host, sig: Signature) -> Arm:
+    if not sig.config_paths:
+        return Arm("not configured", "no config_paths declared")
+    parts = []
+    for declared in sig.config_paths:
+        path = expand(host, declared)
+        try:
+            os.lstat(host.path(path))
+            parts.append(Arm("matched", f"{path} exists", (f"path {path}",)))
+        except (FileNotFoundError, NotADirectoryError):
+            parts.append(Arm("clear", f"{path} absent"))
+        except PermissionError:
+            parts.append(Arm("failed", f"{path}: cannot tell, EACCES on a parent"))
+    return combine(parts)
+
+
+def _engine(host: Host, cli: str, path: str, patterns: tuple[str, ...]) -> Arm:
+    ep = engines.endpoint(host, cli)
+    if ep.unix_path is not None:
+        err = engines.connect_errno(host.path(ep.unix_path))
+        if err in engines.NO_LISTENER:
+            return Arm("clear", f"{cli}: no engine listening at {ep.unix_path} ({err})")
+        if err is not None:
+            return Arm("failed", f"{cli}: cannot talk to {ep.unix_path} ({err})")
+    done = host.runner([path, "ps", "--format", "{{.Names}}"], timeout=min(CMD_TIMEOUT, host.timeout),
+                       env=engines.cli_env(host))
+    if not done.ok:
+        why = "timed out" if done.timed_out else f"exit {done.returncode}: {done.stderr_tail(1)}"
+        return Arm("failed", f"{cli}: `{cli} ps` {why}")
+    names = [n.strip() for n in done.stdout.splitlines() if n.strip()]
+    hits = tuple(f"container {n} ({cli})" for n in names
+                 if any(fnmatch.fnmatchcase(n, p) for p in patterns))
+    if hits:
+        return Arm("matched", f"{cli}: {len(hits)} running container(s) match", hits)
+    return Arm("clear", f"{cli}: {len(names)} running container(s), none match")
+
+
+def containers_arm(host: Host, sig: Signature) -> Arm:
+    if not sig.container_names:
+        return Arm("not configured", "no container_names declared")
+    parts = [_engine(host, cli, path, sig.container_names)
+             for cli in ("docker", "podman") if (path := host.which(cli))]
+    if not parts:
+        return Arm("clear", "no docker or podman CLI on PATH")
+    return combine(parts)
+
+
+def decide(loaded: Loaded, arms: Mapping[str, Arm], declare_at: str) -> tuple[Verdict, str]:
+    """Pure: the verdict and its one-line reason."""
+    if loaded.errors:
+        return Verdict.unknown, f"malformed deployment signature: {'; '.join(loaded.errors)}"
+    if not loaded.signature.configured:
+        return Verdict.unknown, f"no deployment signature to check: declare one at {declare_at}"
+    matched = [m for a in arms.values() for m in a.matches]
+    if matched:
+        return Verdict.detected, f"deployment signature matched: {', '.join(matched)}"
+    failed = {n: a for n, a in arms.items() if a.state == "failed"}
+    if failed:
+        return Verdict.unknown, "could not check: " + "; ".join(f"{n}: {a.detail}" for n, a in failed.items())
+    checked = [n for n, a in arms.items() if a.state != "not configured"]
+    return Verdict.not_detected, f"signature checked ({', '.join(checked)}), nothing matched"
+
+
+def probe(host: Host) -> list[Finding]:
+    loaded = load(host)
+    declare_at = signature_files(host)[1][0]
+    arms: dict[str, Arm] = {}
+    if not loaded.errors and loaded.signature.configured:
+        sig = loaded.signature
+        arms = {"units": units_arm(host, sig), "config_paths": paths_arm(host, sig),
+                "containers": containers_arm(host, sig)}
+    verdict, reason = decide(loaded, arms, declare_at)
+    ev: dict[str, str] = {f"file {p}": "read" for p in loaded.read}
+    ev.update({f"error.{i}": e for i, e in enumerate(loaded.errors)})
+    ev.update({f"arm.{n}": f"{a.state}: {a.detail}" for n, a in arms.items()})
+    facts: dict[str, Any] = {
+        "configured": loaded.signature.configured,
+        "matches": [m for a in arms.values() for m in a.matches],
+        "arms": ({n: a.summary for n, a in arms.items()} if arms
+                 else {n: "not configured" for n in ("units", "config_paths", "containers")}),
+        "config_files": list(loaded.read),
+        "errors": list(loaded.errors),
+        "declare_at": declare_at,
+    }
+    return [Finding("deployment", verdict, reason, ev, facts)]
