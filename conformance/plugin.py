@@ -1,1 +1,358 @@
-"""pytest plugin (pytest11 entry point `sandbox_conformance`)."""
+"""pytest plugin (pytest11 entry point `sandbox_conformance`): run the witness suite, or launch live
+tasks through your own launcher from your own tests.
+
+Options (each mirrored by an ini key where it makes sense to pin it in a project):
+  --sbxc-profile FILE      the profile (default: the embedded reference profile)     ini: sbxc_profile
+  --sbxc-launcher PREFIX   external launcher prefix, or entry-point:NAME (default: reference bwrap)
+                                                                                     ini: sbxc_launcher
+  --sbxc-as-user NAME      (root) launch tasks as this unprivileged user
+  --sbxc-timeout SECONDS   per launch                                                ini: sbxc_timeout
+  --sbxc-require           every witness skip is a failure (also SANDBOX_CONFORMANCE_REQUIRE=1)
+  --sbxc-expected-skips F  `test id | reason` lines: the run fails unless exactly these witnesses skip
+The options carry an `sbxc-` prefix because this plugin is loaded into EVERY pytest session of an
+environment it is installed in, and a bare `--profile` collides with other plugins (pytest-profiling).
+`sandbox-conformance witness` offers the bare names.
+
+Fixtures: `sbxc_settings`, `sbxc_session` (session: the configured profile and launcher, one layout),
+`sbxc_task` (its one live task, launched once), `sbxc_launch` (a factory: launch a live task with
+another profile/launcher/perturbation; everything it made is removed after the test).
+
+Gating applies only to items marked `witness` (the suite's tests, or yours): the project's own tests
+and any other suite in the session are left alone."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance import bwrap_argv
+from conformance import profile as profile_mod
+from conformance.harness import WitnessSession
+from conformance.launch import REFERENCE, HarnessError, Launcher, external
+from conformance.plan import Task
+from probes.finding import Finding
+
+REQUIRE_ENV = "SANDBOX_CONFORMANCE_REQUIRE"
+MARKER = "witness"
+
+_HELP = {
+    "sbxc_profile": "sandbox profile TOML (default: the embedded reference profile)",
+    "sbxc_launcher": "external launcher prefix ({task_id} {user} {control} {user_tmp} {workdir} expanded), "
+    "or entry-point:NAME; default: the reference bwrap launcher",
+    "sbxc_timeout": "seconds one task launch may take (default 30)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    profile: profile_mod.Profile
+    launcher: Launcher
+    as_user: str | None
+    timeout: float
+    perturbations: frozenset[str]
+    require: bool
+    expected_skips: dict[str, str] | None  # None: no expected-skips file given
+
+
+_settings_key = pytest.StashKey[Settings]()
+_guard_key = pytest.StashKey[dict[str, Finding]]()
+_skipped_key = pytest.StashKey[dict[str, str]]()
+_tasks_key = pytest.StashKey[list[Task]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("sandbox-conformance", "sandbox-conformance witness suite")
+    for name in ("sbxc_profile", "sbxc_launcher", "sbxc_timeout"):
+        group.addoption("--" + name.replace("_", "-"), dest=name, default=None, help=_HELP[name])
+        parser.addini(name, _HELP[name], default=None)
+    group.addoption(
+        "--sbxc-as-user",
+        dest="sbxc_as_user",
+        default=None,
+        metavar="NAME",
+        help="(root only) launch tasks as this unprivileged user through setpriv",
+    )
+    group.addoption(
+        "--sbxc-require",
+        dest="sbxc_require",
+        action="store_true",
+        default=False,
+        help=f"turn every witness skip into a failure (also {REQUIRE_ENV}=1)",
+    )
+    group.addoption(
+        "--sbxc-expected-skips",
+        dest="sbxc_expected_skips",
+        default=None,
+        metavar="FILE",
+        help="`test id | reason` lines; the run fails unless the skipped witnesses equal the list",
+    )
+    # For the negative controls (issue 6): flip ONE thing in the reference sandbox. Hidden.
+    group.addoption(
+        "--sbxc-perturb", dest="sbxc_perturb", action="append", default=[], help=argparse.SUPPRESS
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(family): a witness of one promise family of the sandbox profile "
+        "(deselected when the profile makes no such promise; skips gated by --sbxc-require)",
+    )
+    config.stash[_skipped_key] = {}
+    config.stash[_tasks_key] = []
+    if _active(config):
+        from conformance.harness import prefetch
+
+        prefetch(config.getoption("sbxc_as_user"))
+
+
+def _option(config: pytest.Config, name: str) -> Any:
+    value = config.getoption(name, default=None)
+    return value if value is not None else config.getini(name)
+
+
+def read_expected_skips(path: str | Path) -> dict[str, str]:
+    """`test id | reason` per line, '#' comments. Ids are compared by their part after the last
+    '::', so the same file works whatever pytest's rootdir makes of the module's path."""
+    out: dict[str, str] = {}
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        nodeid, bar, reason = line.partition("|")
+        if not bar or not nodeid.strip():
+            raise ValueError(f"{path}:{n}: expected `test id | reason`, got {line!r}")
+        out[skip_key(nodeid.strip())] = reason.strip()
+    return out
+
+
+def skip_key(nodeid: str) -> str:
+    return nodeid.rsplit("::", 1)[-1]
+
+
+def settings(config: pytest.Config) -> Settings:
+    """Resolved once, on first use: a session that never touches a witness never loads a profile."""
+    if _settings_key in config.stash:
+        return config.stash[_settings_key]
+    try:
+        prof = profile_mod.load(_option(config, "sbxc_profile") or None)
+    except profile_mod.ProfileError as e:
+        raise pytest.UsageError(str(e)) from None
+    prefix = _option(config, "sbxc_launcher")
+    try:
+        launcher = external(prefix) if prefix else REFERENCE
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+    perturb = frozenset(config.getoption("sbxc_perturb") or ())
+    unknown = perturb - set(bwrap_argv.PERTURBATIONS)
+    if unknown:
+        raise pytest.UsageError(
+            f"--sbxc-perturb: unknown {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(bwrap_argv.PERTURBATIONS)}"
+        )
+    expected_file = config.getoption("sbxc_expected_skips")
+    try:
+        expected = read_expected_skips(expected_file) if expected_file else None
+    except (OSError, ValueError) as e:
+        raise pytest.UsageError(f"--sbxc-expected-skips: {e}") from None
+    timeout = _option(config, "sbxc_timeout")
+    s = Settings(
+        profile=prof,
+        launcher=launcher,
+        as_user=config.getoption("sbxc_as_user"),
+        timeout=float(timeout) if timeout else 30.0,
+        perturbations=perturb,
+        require=bool(config.getoption("sbxc_require")) or os.environ.get(REQUIRE_ENV, "") not in ("", "0"),
+        expected_skips=expected,
+    )
+    config.stash[_settings_key] = s
+    return s
+
+
+def _active(config: pytest.Config) -> bool:
+    """A witness run: an sbxc option was given, or the witness module was named."""
+    if any(
+        config.getoption(n, default=None)
+        for n in ("sbxc_profile", "sbxc_launcher", "sbxc_as_user", "sbxc_expected_skips", "sbxc_perturb")
+    ):
+        return True
+    return any("test_witnesses" in str(a) for a in config.args)
+
+
+def guard(config: pytest.Config) -> dict[str, Finding]:
+    if _guard_key not in config.stash:
+        from conformance.harness import findings
+
+        config.stash[_guard_key] = findings(settings(config).as_user)
+    return config.stash[_guard_key]
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    if not _active(config):
+        return None
+    s = settings(config)
+    lines = [
+        f"sandbox-conformance: profile {s.profile.name} ({s.profile.source}); {s.launcher.name}"
+        + (f"; as user {s.as_user}" if s.as_user else "")
+        + (f"; perturbed: {', '.join(sorted(s.perturbations))}" if s.perturbations else "")
+    ]
+    lines += [f"  probe {f.probe}: {f.verdict}: {f.reason}" for f in guard(config).values()]
+    return lines
+
+
+def _family(item: pytest.Item) -> str | None:
+    m = item.get_closest_marker(MARKER)
+    return str(m.args[0]) if m and m.args else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    witnesses = [i for i in items if _family(i) is not None]
+    if not witnesses:
+        return
+    made = set(settings(config).profile.promises())
+    # A promise the profile does not make is not tested: deselected, not skipped, so the require
+    # switch and the expected-skips list only ever see skips that mean "could not witness here".
+    drop = [i for i in witnesses if _family(i) not in made]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [i for i in items if i not in drop]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if _family(item) is None:
+        return
+    report.user_properties.append(("sbxc_family", _family(item)))
+    if call.excinfo is not None and call.excinfo.errisinstance(HarnessError):
+        # Left as pytest's "error" (a fixture raised): JUnit <error>, never <failure>.
+        report.user_properties.append(("sbxc_harness_error", str(call.excinfo.value)))
+    elif call.excinfo is not None and call.excinfo.errisinstance(AssertionError):
+        report.user_properties.append(
+            (
+                "sbxc_saw",
+                str(call.excinfo.value).splitlines()[0] if str(call.excinfo.value) else "assertion failed",
+            )
+        )
+    if report.skipped and not hasattr(report, "wasxfail"):
+        s = settings(item.config)
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        item.config.stash[_skipped_key][skip_key(item.nodeid)] = reason
+        listed = s.expected_skips is not None and skip_key(item.nodeid) in s.expected_skips
+        if s.require and not listed:
+            report.outcome = "failed"
+            report.longrepr = (
+                f"witness skipped under --sbxc-require/{REQUIRE_ENV}=1 and not in the "
+                f"expected skips: {reason}"
+            )
+            report.user_properties.append(("sbxc_required_skip", reason))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if _settings_key not in config.stash:
+        return
+    s = config.stash[_settings_key]
+    if s.expected_skips is None:
+        return
+    skipped = config.stash[_skipped_key]
+    seen = {skip_key(i.nodeid) for i in session.items}
+    problems = [
+        f"new skip (not listed): {k}: {skipped[k]}" for k in sorted(set(skipped) - set(s.expected_skips))
+    ]
+    for k in sorted(set(s.expected_skips) - set(skipped)):
+        problems.append(f"listed skip ran: {k}" if k in seen else f"listed skip no longer exists: {k}")
+    if problems:
+        config.stash[_skipped_key]["__problems__"] = " ; ".join(problems)
+        tr = config.pluginmanager.get_plugin("terminalreporter")
+        for p in problems:
+            if tr is not None:
+                tr.write_line(f"sandbox-conformance expected skips: {p}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def expected_skip_problems(config: pytest.Config) -> str | None:
+    return config.stash.get(_skipped_key, {}).get("__problems__")
+
+
+# ---- fixtures -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def sbxc_settings(pytestconfig: pytest.Config) -> Settings:
+    return settings(pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def sbxc_session(pytestconfig: pytest.Config, sbxc_settings: Settings) -> Iterator[WitnessSession]:
+    s = sbxc_settings
+    with WitnessSession(
+        s.profile,
+        s.launcher,
+        as_user=s.as_user,
+        timeout=s.timeout,
+        perturbations=s.perturbations,
+        guard=guard(pytestconfig),
+    ) as session:
+        yield session
+
+
+@pytest.fixture(scope="session")
+def sbxc_task(pytestconfig: pytest.Config, sbxc_session: WitnessSession) -> Task:
+    """The one live task of this session (launched on first use, then cached). A launch that does not
+    give a complete observation raises HarnessError here: every witness using it errors, none passes."""
+    task = sbxc_session.task()
+    if task not in pytestconfig.stash[_tasks_key]:
+        pytestconfig.stash[_tasks_key].append(task)
+    return task
+
+
+def tasks(config: pytest.Config) -> list[Task]:
+    return list(config.stash.get(_tasks_key, []))
+
+
+@pytest.fixture
+def sbxc_launch(pytestconfig: pytest.Config) -> Iterator[Callable[..., Task]]:
+    """Factory: `sbxc_launch(profile=None, launcher=None, as_user=None, perturbations=())` launches a
+    live task (through the configured launcher unless told otherwise) and returns its observations.
+    `profile` is a Profile, a path, or None for the configured one; `launcher` a Launcher or a prefix."""
+    opened: list[WitnessSession] = []
+
+    def launch(
+        profile: profile_mod.Profile | str | Path | None = None,
+        launcher: Launcher | str | None = None,
+        as_user: str | None = None,
+        perturbations: frozenset[str] | tuple[str, ...] = (),
+        timeout: float | None = None,
+    ) -> Task:
+        s = settings(pytestconfig)
+        prof = (
+            profile
+            if isinstance(profile, profile_mod.Profile)
+            else (profile_mod.load(profile) if profile is not None else s.profile)
+        )
+        lau = launcher if isinstance(launcher, Launcher) else (external(launcher) if launcher else s.launcher)
+        session = WitnessSession(
+            prof,
+            lau,
+            as_user=as_user if as_user is not None else s.as_user,
+            timeout=timeout or s.timeout,
+            perturbations=frozenset(perturbations),
+        )
+        opened.append(session)
+        session.__enter__()
+        return session.task()
+
+    try:
+        yield launch
+    finally:
+        for session in opened:
+            session.__exit__(None, None, None)

@@ -1,0 +1,304 @@
+"""`sandbox-conformance witness`: run the witness suite on this host (no mode logic).
+
+stdout: one line per promise (`kept`, `BROKEN: what the task saw`, `not tested: why`), then a summary.
+pytest's own report goes to stderr. Exit 0 every witness passed (skips only as gated), 1 a witness
+went red or a harness error, 2 bad input, 75 nothing could run (no bwrap and no --launcher)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import pwd
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from conformance import bwrap_argv
+from conformance import profile as profile_mod
+from conformance.launch import external
+from probes.host import Host
+from runners.errors import EXIT_FAIL, EXIT_OK, EXIT_USAGE, Refusal, UsageError
+
+WITNESS_MODULE = Path(__file__).resolve().parent / "test_witnesses.py"
+PERTURB_ENV = "SANDBOX_CONFORMANCE_PERTURB"  # comma-separated, for the negative controls (issue 6)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--profile", metavar="FILE", help="sandbox profile TOML (default: the embedded reference profile)"
+    )
+    p.add_argument(
+        "--launcher",
+        metavar="PREFIX",
+        help="test YOUR sandbox: run `PREFIX python3 -I -S -` ({task_id} {user} {control} {user_tmp} "
+        "{workdir} expanded; task spec JSON named by $SANDBOX_CONFORMANCE_TASK_SPEC), or "
+        "entry-point:NAME from group sandbox_conformance.launchers; default: the reference bwrap",
+    )
+    p.add_argument("--as-user", metavar="NAME", help="(root only) launch tasks as this unprivileged user")
+    p.add_argument("--junitxml", metavar="FILE", help="write JUnit XML here")
+    p.add_argument(
+        "--json", metavar="FILE", help="write the JSON report here ('-' for stdout instead of lines)"
+    )
+    p.add_argument(
+        "--require", action="store_true", help="every skip is a failure (also SANDBOX_CONFORMANCE_REQUIRE=1)"
+    )
+    p.add_argument(
+        "--expected-skips",
+        metavar="FILE",
+        help="`test id | reason` lines: fail unless the skipped witnesses are exactly these",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=30.0, metavar="SECONDS", help="per task launch (default 30)"
+    )
+    p.add_argument("--perturb", action="append", default=[], help=argparse.SUPPRESS)
+    p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after `--`: passed to pytest")
+
+
+@dataclasses.dataclass
+class _Result:
+    nodeid: str
+    family: str
+    label: str
+    outcome: str = "passed"  # passed, failed, error, skipped
+    detail: str = ""
+
+
+class _Collector:
+    """Sees every witness's reports; turns them into promise verdicts."""
+
+    def __init__(self) -> None:
+        self.results: dict[str, _Result] = {}
+        self.config: Any = None
+
+    def pytest_configure(self, config: Any) -> None:
+        self.config = config
+
+    def pytest_collection_finish(self, session: Any) -> None:
+        for item in session.items:
+            m = item.get_closest_marker("witness")
+            if m is None:
+                continue
+            family = str(m.args[0])
+            param = next(iter(item.callspec.params.values()), None) if hasattr(item, "callspec") else None
+            label = f"{family} {param}" if param is not None else family
+            self.results[item.nodeid] = _Result(item.nodeid, family, label)
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        r = self.results.get(report.nodeid)
+        if r is None:
+            return
+        props = dict(report.user_properties)
+        if report.failed:
+            if "sbxc_harness_error" in props:
+                r.outcome, r.detail = "error", "harness error: " + props["sbxc_harness_error"]
+            elif "sbxc_required_skip" in props:
+                r.outcome, r.detail = (
+                    "failed",
+                    f"not tested: {props['sbxc_required_skip']} (a failure under --require)",
+                )
+            elif report.when == "call":
+                r.outcome, r.detail = "failed", props.get("sbxc_saw") or _first_line(report)
+            elif r.outcome != "failed":
+                r.outcome, r.detail = "error", f"{report.when} error: {_first_line(report)}"
+        elif report.skipped and r.outcome == "passed":
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            r.outcome, r.detail = "skipped", reason.removeprefix("Skipped: ")
+
+
+def _first_line(report: Any) -> str:
+    text = getattr(report, "longreprtext", "") or str(report.longrepr)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("E ")]
+    return (lines[0][1:].strip() if lines else text.strip().splitlines()[-1] if text.strip() else "?")[:300]
+
+
+def promise_lines(results: list[_Result]) -> list[tuple[str, str, str]]:
+    """(promise label, verdict, detail) in collection order; one line per promise."""
+    by: dict[str, list[_Result]] = {}
+    for r in results:
+        by.setdefault(r.label, []).append(r)
+    out = []
+    for label, rs in by.items():
+        bad = [r for r in rs if r.outcome == "failed" and not r.detail.startswith("not tested")]
+        err = [r for r in rs if r.outcome == "error"]
+        req = [r for r in rs if r.outcome == "failed" and r.detail.startswith("not tested")]
+        skipped = [r for r in rs if r.outcome == "skipped"]
+        if bad:
+            out.append((label, "BROKEN", "; ".join(dict.fromkeys(r.detail for r in bad))))
+        elif err:
+            out.append((label, "not tested", err[0].detail))
+        elif req:
+            out.append((label, "not tested", req[0].detail.removeprefix("not tested: ")))
+        elif skipped and len(skipped) == len(rs):
+            out.append((label, "not tested", skipped[0].detail))
+        elif skipped:
+            out.append((label, "kept", f"partly: {skipped[0].detail}"))
+        else:
+            out.append((label, "kept", ""))
+    return out
+
+
+def _validate(args: argparse.Namespace) -> tuple[profile_mod.Profile, Any]:
+    try:
+        prof = profile_mod.load(args.profile)
+    except profile_mod.ProfileError as e:
+        raise UsageError(str(e)) from None
+    if not prof.promises():
+        raise UsageError(f"{prof.source}: (profile): expected at least one promise the suite can witness")
+    try:
+        launcher = external(args.launcher) if args.launcher else None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.as_user:
+        if os.geteuid() != 0:
+            raise UsageError("--as-user needs root (tasks are launched through setpriv)")
+        try:
+            pwd.getpwnam(args.as_user)
+        except KeyError:
+            raise UsageError(f"--as-user: no such user {args.as_user!r}") from None
+    perturb = set(args.perturb) | {p for p in os.environ.get(PERTURB_ENV, "").split(",") if p}
+    unknown = perturb - set(bwrap_argv.PERTURBATIONS)
+    if unknown:
+        raise UsageError(
+            f"--perturb: unknown {', '.join(sorted(unknown))}; known: {', '.join(bwrap_argv.PERTURBATIONS)}"
+        )
+    if perturb and args.launcher:
+        raise UsageError("--perturb applies to the reference launcher only, not with --launcher")
+    args.perturb = sorted(perturb)
+    if args.expected_skips and not Path(args.expected_skips).is_file():
+        raise UsageError(f"--expected-skips: {args.expected_skips}: no such file")
+    if args.timeout <= 0:
+        raise UsageError("--timeout: expected a positive number of seconds")
+    return prof, launcher
+
+
+def _plugin_registered() -> bool:
+    return any(ep.value == "conformance.plugin" for ep in metadata.entry_points(group="pytest11"))
+
+
+def main(args: argparse.Namespace) -> int:
+    prof, launcher = _validate(args)
+    if launcher is None and Host().which("bwrap") is None:
+        raise Refusal(
+            "no bwrap on PATH and no --launcher: there is no sandbox to launch tasks in",
+            ways_on=["apt-get install bubblewrap", "or test your own sandbox: --launcher 'PREFIX'"],
+        )
+    if launcher is None:
+        from conformance.harness import prefetch
+
+        prefetch(args.as_user)
+    import pytest
+
+    extra = list(args.pytest_args or [])
+    if extra[:1] == ["--"]:
+        extra = extra[1:]
+    argv = [
+        str(WITNESS_MODULE),
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:cacheprovider",
+        "-c",
+        os.devnull,
+        "--rootdir",
+        str(WITNESS_MODULE.parent),
+        "-o",
+        "python_files=test_witnesses.py",
+        "-o",
+        f"timeout={int(args.timeout) + 60}",
+        "-rfEs",
+        "--sbxc-timeout",
+        str(args.timeout),
+    ]
+    if not _plugin_registered():
+        argv += ["-p", "conformance.plugin"]
+    if args.profile:
+        argv += ["--sbxc-profile", str(Path(args.profile).resolve())]
+    if args.launcher:
+        argv += ["--sbxc-launcher", args.launcher]
+    if args.as_user:
+        argv += ["--sbxc-as-user", args.as_user]
+    if args.require:
+        argv += ["--sbxc-require"]
+    if args.expected_skips:
+        argv += ["--sbxc-expected-skips", str(Path(args.expected_skips).resolve())]
+    if args.junitxml:
+        argv += ["--junitxml", str(Path(args.junitxml).resolve())]
+    for p in args.perturb:
+        argv += ["--sbxc-perturb", p]
+    argv += extra
+
+    collector = _Collector()
+    # pytest's report goes to stderr: stdout is the promise lines, which runners parse.
+    with contextlib.redirect_stdout(sys.stderr):
+        rc = int(pytest.main(argv, plugins=[collector]))
+    results = list(collector.results.values())
+    lines = promise_lines(results)
+    config = collector.config
+    from conformance import plugin
+
+    skip_problem = plugin.expected_skip_problems(config) if config is not None else None
+    harness = [r.detail for r in results if r.outcome == "error"]
+    if rc == 0 and results:
+        code = EXIT_OK
+    elif rc in (0, 5) and not results:
+        print(
+            "sandbox-conformance witness: no witness ran (all deselected or none collected)", file=sys.stderr
+        )
+        code = EXIT_FAIL
+    elif rc == 4:
+        code = EXIT_USAGE
+    else:
+        code = EXIT_FAIL
+    kept = sum(1 for _, v, _ in lines if v == "kept")
+    broken = sum(1 for _, v, _ in lines if v == "BROKEN")
+    untested = sum(1 for _, v, _ in lines if v == "not tested")
+    launcher_name = launcher.name if launcher else "reference launcher (bwrap)"
+    summary = (
+        f"witness: {kept} kept, {broken} BROKEN, {untested} not tested "
+        f"(profile {prof.name}, {launcher_name}{', as ' + args.as_user if args.as_user else ''}"
+        f"{', perturbed ' + ','.join(args.perturb) if args.perturb else ''}): "
+        f"{'PASS' if code == EXIT_OK else 'FAIL'}"
+    )
+    if args.json != "-":
+        for label, verdict, detail in lines:
+            print(f"{label}: {verdict}{': ' + detail if detail else ''}")
+        if skip_problem:
+            print(f"expected skips: {skip_problem}")
+        if harness:
+            print(harness[0])  # "harness error: <launcher>: what went wrong"
+        print(summary)
+    if args.json:
+        tasks = plugin.tasks(config) if config is not None else []
+        doc = {
+            "version": 1,
+            "exit": code,
+            "profile": prof.name,
+            "profile_source": prof.source,
+            "launcher": launcher_name,
+            "as_user": args.as_user,
+            "perturbations": args.perturb,
+            "summary": {"kept": kept, "broken": broken, "not_tested": untested, "pytest_exit": rc},
+            "promises": [
+                {
+                    "promise": label,
+                    "verdict": v,
+                    "detail": d,
+                    "tests": [dataclasses.asdict(r) for r in results if r.label == label],
+                }
+                for label, v, d in lines
+            ],
+            "expected_skips_problem": skip_problem,
+            "tasks": [
+                {"launcher": t.launcher, "argv": list(t.argv), "observations": dict(t.doc)} for t in tasks
+            ],
+        }
+        text = json.dumps(doc, indent=2, default=str)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n")
+    return code

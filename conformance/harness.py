@@ -1,0 +1,266 @@
+"""One witness session: the host side of a task (layout, canaries, listeners), the probe findings
+that guard the witnesses, one launch per distinct task (cached), and removal of all of it.
+
+Used by the pytest plugin's fixtures and by anyone who wants live observations from Python:
+
+    with WitnessSession(profile.load(None)) as s:
+        task = s.task()
+        task.observed("append", f"{task.values['control']}/system_prompt.txt")  # -> "EROFS"
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import shutil
+import socket
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from conformance import bwrap_argv, layout, plan
+from conformance.launch import (
+    REFERENCE,
+    SECRET_ENV,
+    SPEC_ENV,
+    HarnessError,
+    Launcher,
+    as_user_prefix,
+    launch,
+)
+from conformance.profile import Profile, expand
+from probes.finding import Finding, Verdict
+from probes.host import Host
+from probes.run import minimal_env
+
+GUARD_PROBES = ("disable_userns",)
+
+
+def _probe(as_user: str | None, host: Host | None = None) -> dict[str, Finding]:
+    from probes.collect import collect  # the probe modules are heavy; only a witness run needs them
+
+    host = host or Host(as_user=as_user)
+    return {f.probe: f for f in collect(host, only=list(GUARD_PROBES))}
+
+
+_prefetched: dict[str | None, concurrent.futures.Future[dict[str, Finding]]] = {}
+
+
+def prefetch(as_user: str | None) -> None:
+    """Start the guard probes in the background: they run real bwrap trials (~0.1 s), which then
+    overlap pytest's start-up and collection instead of adding to them."""
+    if as_user not in _prefetched:
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sbxc-probe")
+        _prefetched[as_user] = pool.submit(_probe, as_user)
+        pool.shutdown(wait=False)
+
+
+def findings(as_user: str | None, host: Host | None = None) -> dict[str, Finding]:
+    """The probe findings that guard witnesses, for the user the tasks run as."""
+    if host is None and as_user in _prefetched:
+        return _prefetched[as_user].result()
+    return _probe(as_user, host)
+
+
+def system_links(names: Iterable[str] = bwrap_argv.SYSTEM_DIRS) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for d in names:
+        if os.path.islink(d):
+            out[d] = os.readlink(d)
+        elif os.path.isdir(d):
+            out[d] = None
+    return out
+
+
+def _cmdline(pid: int | str) -> tuple[str, ...]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ()
+    return tuple(raw.decode(errors="replace").rstrip("\0").split("\0"))
+
+
+def _host_addresses() -> list[str]:
+    """The host's non-loopback IPv4 addresses: a shared network namespace reaches the listener
+    through them too."""
+    import psutil
+
+    out = []
+    for name, addrs in psutil.net_if_addrs().items():
+        if name == "lo":
+            continue
+        out += [a.address for a in addrs if a.family == socket.AF_INET]
+    return out[:2]
+
+
+class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
+    def __init__(
+        self,
+        profile: Profile,
+        launcher: Launcher = REFERENCE,
+        *,
+        as_user: str | None = None,
+        timeout: float = 30.0,
+        perturbations: frozenset[str] = frozenset(),
+        guard: Mapping[str, Finding] | None = None,
+        bwrap: str | None = None,
+    ) -> None:
+        self.profile, self.launcher, self.as_user = profile, launcher, as_user
+        self.timeout, self.perturbations = timeout, perturbations
+        self._guard = dict(guard) if guard is not None else None
+        self._bwrap = bwrap
+        self._stack = contextlib.ExitStack()
+        self._tasks: dict[str, plan.Task | HarnessError] = {}
+        self.layout: layout.Layout | None = None
+        self.host: plan.HostView | None = None
+
+    # -- host side ------------------------------------------------------------------------------
+    def __enter__(self) -> WitnessSession:
+        try:
+            self.layout = layout.create(
+                control_files=self.profile.task.control_files or ("system_prompt.txt",), as_user=self.as_user
+            )
+            self._stack.callback(layout.remove, self.layout)
+            self.host = self._open_host_side(self.layout.nonce)
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def _open_host_side(self, nonce: str) -> plan.HostView:
+        tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._stack.callback(tcp.close)
+        tcp.bind(("0.0.0.0", 0))
+        tcp.listen(8)
+        port = tcp.getsockname()[1]
+        abstract = f"sbxc-witness-{nonce}"
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._stack.callback(unix.close)
+        unix.bind("\0" + abstract)
+        unix.listen(8)
+        targets = tuple((a, port) for a in ["127.0.0.1", *_host_addresses()])
+        spaces = {}
+        for ns in ("cgroup", "ipc", "mnt", "net", "pid", "user", "uts"):
+            with contextlib.suppress(OSError):
+                spaces[ns] = os.readlink(f"/proc/self/ns/{ns}")
+        return plan.HostView(
+            namespaces=spaces,
+            harness_pid=os.getpid(),
+            harness_cmdline=_cmdline("self"),
+            pid1_cmdline=_cmdline(1),
+            hostname=socket.gethostname(),
+            tcp_targets=targets,
+            abstract_name=abstract,
+            secret_key=SECRET_ENV,
+        )
+
+    @property
+    def guard(self) -> dict[str, Finding]:
+        if self._guard is None:
+            self._guard = findings(self.as_user)
+        return self._guard
+
+    def nested_userns_skip(self) -> str | None:
+        """Why the nested-userns witness cannot be claimed, or None. Only the reference launcher is
+        guarded: it passes --disable-userns only where the probe saw it work. An external launcher
+        made its own promise; if it cannot keep it, the witness goes red."""
+        if self.launcher.kind != "reference":
+            return None
+        f = self.guard.get("disable_userns")
+        if f is None:
+            return (
+                "disable_userns probe did not report: bwrap cannot be shown to refuse nested user namespaces"
+            )
+        if f.verdict is not Verdict.supported:
+            return f"disable_userns probe: {f.verdict}: {f.reason}"
+        return None
+
+    # -- launching ------------------------------------------------------------------------------
+    def facts(self) -> bwrap_argv.Facts:
+        bwrap = self._bwrap or Host().which("bwrap")
+        if bwrap is None:
+            raise HarnessError("reference launcher (bwrap): no bwrap on PATH")
+        python = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
+        f = self.guard.get("disable_userns")
+        return bwrap_argv.Facts(
+            bwrap=bwrap, python=python, disable_userns=bool(f and f.ok), system_links=system_links()
+        )
+
+    def spec(self) -> dict[str, Any]:
+        assert self.layout is not None
+        return {
+            "version": 1,
+            "profile": self.profile.name,
+            **self.layout.values(),
+            "environment_allow": list(self.profile.environment.allow or ()),
+            "environment_set": {
+                k: expand(v, self.layout.values()) for k, v in self.profile.environment.set.items()
+            },
+            "network": str(self.profile.network),
+            "nested_userns": str(self.profile.nested_userns),
+        }
+
+    def argv(self) -> tuple[str, ...]:
+        assert self.layout is not None
+        values = self.layout.values()
+        if self.launcher.kind == "reference":
+            try:
+                inner = bwrap_argv.reference_argv(self.profile, values, self.facts(), self.perturbations)
+            except bwrap_argv.BuildError as e:
+                raise HarnessError(f"{self.launcher.name}: {e}") from None
+        else:
+            inner = self.launcher.argv(self.spec(), values)
+        return (*as_user_prefix(self.as_user), *inner)
+
+    def task(self, key: str = "main") -> plan.Task:
+        """The live task's observations: launched once per key, cached (a failure is cached too,
+        so every witness of a broken launch reports the same harness error without relaunching)."""
+        cached = self._tasks.get(key)
+        if cached is None:
+            try:
+                cached = self._launch()
+            except HarnessError as e:
+                cached = e
+            self._tasks[key] = cached
+        if isinstance(cached, HarnessError):
+            raise cached
+        return cached
+
+    def _launch(self) -> plan.Task:
+        if self.layout is None or self.host is None:
+            raise HarnessError("witness session used outside its `with` block")
+        lay, values = self.layout, self.layout.values()
+        the_plan = plan.build(self.profile, values, lay.nonce, self.host, task_uid=lay.owner_uid)
+        spec_file = layout.write_spec(lay, self.spec())
+        argv = self.argv()
+        env = minimal_env({SPEC_ENV: str(spec_file), SECRET_ENV: f"sbxc-secret-{lay.nonce}"})
+        try:
+            doc = launch(
+                self.launcher.name,
+                argv,
+                plan.program(the_plan),
+                env=env,
+                timeout=self.timeout,
+                cwd=str(lay.root),
+            )
+        finally:
+            after = plan.host_after(the_plan.host_checks)
+            # A planted file outside our layout (a broken sandbox let it through into, say, /usr):
+            # remove it, it is ours by its nonce.
+            for p in after:
+                if after[p] is not None and not Path(p).is_relative_to(lay.root):
+                    with contextlib.suppress(OSError):
+                        os.unlink(p)
+        return plan.Task(
+            doc=doc,
+            plan=the_plan,
+            values=values,
+            host=self.host,
+            host_after=after,
+            launcher=self.launcher.name,
+            argv=argv,
+        )

@@ -1,0 +1,146 @@
+"""Launchers: whose sandbox a task runs in, and the one way a task is launched.
+
+- reference: the embedded bubblewrap sandbox built from the profile (conformance/bwrap_argv.py).
+- external `--launcher 'PREFIX'`: runs `PREFIX python3 -I -S -` with placeholders {task_id} {user}
+  {control} {user_tmp} {workdir} {state} {neighbour_control} {other_user} expanded in each word,
+  and the task spec in the JSON file named by $SANDBOX_CONFORMANCE_TASK_SPEC.
+- entry point `--launcher 'entry-point:NAME'`: a Python callable registered in the entry-point group
+  `sandbox_conformance.launchers`, called with the task spec (a dict) and returning the argv prefix.
+
+Every launch goes through probes.run.run (timeout, whole process group killed). A missing or
+partial document, a non-zero exit or a timeout is a HarnessError naming the launcher: never a pass."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from importlib import metadata
+from typing import Any
+
+from probes.run import Completed, Runner, run
+
+ENTRY_POINT_GROUP = "sandbox_conformance.launchers"
+ENTRY_POINT_PREFIX = "entry-point:"
+SPEC_ENV = "SANDBOX_CONFORMANCE_TASK_SPEC"
+SECRET_ENV = "SANDBOX_CONFORMANCE_CANARY_SECRET"
+WITNESS_ARGV = ("python3", "-I", "-S", "-")
+DOC_VERSION = 1
+
+
+class HarnessError(Exception):
+    """The suite could not get a complete observation from a task: nothing was witnessed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Launcher:
+    """How to turn a task into an argv. `name` is what error messages call it."""
+
+    name: str
+    kind: str  # "reference", "external", "entry-point"
+    prefix: str = ""
+    factory: Callable[[Mapping[str, Any]], Sequence[str]] | None = None
+
+    def argv(self, spec: Mapping[str, Any], values: Mapping[str, str]) -> tuple[str, ...]:
+        if self.kind == "external":
+            # Split first, then expand inside each word: a path with a space stays one word.
+            return tuple(_expand_word(w, values) for w in shlex.split(self.prefix)) + WITNESS_ARGV
+        if self.kind == "entry-point" and self.factory is not None:
+            prefix = self.factory(dict(spec))
+            if isinstance(prefix, str) or not all(isinstance(w, str) for w in prefix):
+                raise HarnessError(f"{self.name}: returned {prefix!r}, expected a list of argv words")
+            return (*prefix, *WITNESS_ARGV)
+        raise HarnessError(f"{self.name}: no argv (the reference launcher is built from the profile)")
+
+
+def _expand_word(word: str, values: Mapping[str, str]) -> str:
+    for key, value in values.items():
+        word = word.replace("{" + key + "}", value)
+    return word
+
+
+def external(prefix: str) -> Launcher:
+    """Validated `--launcher` value; ValueError (a usage error) for an empty or unparsable prefix."""
+    if prefix.startswith(ENTRY_POINT_PREFIX):
+        return entry_point(prefix[len(ENTRY_POINT_PREFIX) :])
+    try:
+        words = shlex.split(prefix)
+    except ValueError as e:
+        raise ValueError(f"--launcher {prefix!r}: cannot split it like a shell would: {e}") from None
+    if not words:
+        raise ValueError("--launcher: empty prefix")
+    return Launcher(name=f"launcher {prefix!r}", kind="external", prefix=prefix)
+
+
+def entry_point(name: str) -> Launcher:
+    found = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    if not found:
+        known = sorted(ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP))
+        raise ValueError(
+            f"--launcher {ENTRY_POINT_PREFIX}{name}: no such entry point in group "
+            f"{ENTRY_POINT_GROUP} (known: {', '.join(known) or 'none'})"
+        )
+    return Launcher(name=f"launcher entry point {name!r}", kind="entry-point", factory=found[0].load())
+
+
+REFERENCE = Launcher(name="reference launcher (bwrap)", kind="reference")
+
+
+def as_user_prefix(user: str | None) -> tuple[str, ...]:
+    """Run the launcher as `user` with no capabilities (root only). Unlike Host.trial_prefix, no
+    --reset-env: the planted secret must reach the launcher, so a sandbox that keeps the
+    environment is caught."""
+    if user is None:
+        return ()
+    return ("setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--inh-caps=-all", "--")
+
+
+def parse_document(name: str, done: Completed) -> dict[str, Any]:
+    """The witness document from a finished launch, or a HarnessError saying what went wrong."""
+    if done.not_found:
+        raise HarnessError(f"{name}: could not be executed: {done.stderr_tail()}")
+    if done.timed_out:
+        raise HarnessError(
+            f"{name}: timed out after {done.seconds:.1f}s (process group killed); "
+            f"stderr: {done.stderr_tail() or '(empty)'}"
+        )
+    doc = None
+    for line in reversed(done.stdout.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                candidate = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(candidate, dict) and "version" in candidate:
+                doc = candidate
+                break
+    if done.returncode != 0:
+        raise HarnessError(f"{name}: exited {done.returncode}; stderr: {done.stderr_tail() or '(empty)'}")
+    if doc is None:
+        head = done.stdout.strip().replace("\n", " | ")[:160] or "(nothing)"
+        raise HarnessError(
+            f"{name}: printed no witness document; stdout: {head}; stderr: {done.stderr_tail() or '(empty)'}"
+        )
+    if doc.get("version") != DOC_VERSION:
+        raise HarnessError(f"{name}: witness document version {doc.get('version')!r}, expected {DOC_VERSION}")
+    if doc.get("complete") is not True:
+        raise HarnessError(
+            f"{name}: witness document is partial (no completion marker); "
+            f"stderr: {done.stderr_tail() or '(empty)'}"
+        )
+    return doc
+
+
+def launch(
+    name: str,
+    argv: Sequence[str],
+    program: str,
+    *,
+    env: Mapping[str, str],
+    timeout: float,
+    runner: Runner = run,
+    cwd: str | None = None,
+) -> dict[str, Any]:
+    return parse_document(name, runner(argv, timeout=timeout, input=program, env=env, cwd=cwd))

@@ -1,0 +1,199 @@
+"""What a task must observe (the plan the witness program runs) and what it saw (`Task`).
+
+The plan is derived from the profile and the host side of the layout: for a masked or read-only
+directory the harness lists the HOST side first, so the task is asked about real host content
+(a missing path is never a pass for a read-only or masked promise)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from conformance.profile import Profile, expand
+
+PLANT = ".sbxc-plant-"  # a file the task tries to create where it must not
+WRITE = ".sbxc-write-"  # a file the task creates where it may
+MAX_HOST_ENTRIES = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class HostView:
+    """What the harness knows about the host, for comparison with what the task saw."""
+
+    namespaces: Mapping[str, str]  # ns name -> "pid:[4026531836]"
+    harness_pid: int
+    harness_cmdline: tuple[str, ...]
+    pid1_cmdline: tuple[str, ...]
+    hostname: str
+    tcp_targets: tuple[tuple[str, int], ...]
+    abstract_name: str
+    secret_key: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    task_id: str
+    ops: tuple[Mapping[str, Any], ...]
+    tcp: tuple[tuple[str, int], ...]
+    unix_abstract: tuple[str, ...]
+    nested_userns: bool
+    # paths the harness must check (and clean) on the host after the launch
+    host_checks: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "task_id": self.task_id,
+            "ops": [dict(o) for o in self.ops],
+            "tcp": [list(t) for t in self.tcp],
+            "unix_abstract": list(self.unix_abstract),
+            "nested_userns": self.nested_userns,
+        }
+
+
+def _host_files(path: str, owner: int | None = None) -> list[str]:
+    """Up to MAX_HOST_ENTRIES regular files directly in `path` on the host, sorted; only those owned
+    by `owner` when given."""
+    try:
+        with os.scandir(path) as it:
+            names = sorted(
+                e.name
+                for e in it
+                if e.is_file(follow_symlinks=False)
+                and (owner is None or e.stat(follow_symlinks=False).st_uid == owner)
+            )
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return []
+    return names[:MAX_HOST_ENTRIES]
+
+
+def build(
+    profile: Profile, values: Mapping[str, str], nonce: str, host: HostView, task_uid: int | None = None
+) -> Plan:
+    """Ops in three phases (look, then try to write, then try to remove), so a broken sandbox that
+    lets a write through cannot change what a later look sees."""
+    fs, task = profile.filesystem, profile.task
+    look: list[dict[str, Any]] = []
+    write: list[dict[str, Any]] = []
+    remove: list[dict[str, Any]] = []
+    checks: list[str] = []
+
+    def ops(kind: str, path: str, phase: list[dict[str, Any]], **extra: Any) -> None:
+        op = {"op": kind, "path": path, **extra}
+        if op not in phase:
+            phase.append(op)
+
+    for p in map(lambda x: expand(x, values), fs.masked):
+        ops("stat", p, look)
+        ops("list", p, look)
+        for name in _host_files(p):
+            ops("read", f"{p}/{name}", look)
+        ops("create", f"{p}/{PLANT}{nonce}", write, data=nonce)
+        checks.append(f"{p}/{PLANT}{nonce}")
+    for p in map(lambda x: expand(x, values), fs.read_only):
+        ops("stat", p, look)
+        if os.path.isdir(p):
+            ops("list", p, look)
+            files = [f"{p}/{n}" for n in _host_files(p)]
+            ops("create", f"{p}/{PLANT}{nonce}", write, data=nonce)
+            checks.append(f"{p}/{PLANT}{nonce}")
+        else:
+            files = [p] if os.path.exists(p) else []
+        for f in files[:1]:
+            ops("read", f, look)
+        # Only a file the task's user owns: otherwise EACCES (file modes) would answer for the mount.
+        # Zero bytes: the refusal is at open(O_WRONLY|O_APPEND); a broken sandbox must not be able to
+        # make us damage a real host file.
+        owned = [f for f in files[:1] if task_uid is None or os.stat(f).st_uid == task_uid]
+        for f in owned:
+            ops("append", f, write, data="")
+    for p in map(lambda x: expand(x, values), fs.writable):
+        ops("create", f"{p}/{WRITE}{nonce}", write, data=nonce)
+        checks.append(f"{p}/{WRITE}{nonce}")
+    for p in map(lambda x: expand(x, values), fs.absent):
+        ops("stat", p, look)
+        ops("list", p, look)
+    if task.control is not None:
+        c = expand(task.control, values)
+        ops("stat", c, look)
+        ops("list", c, look)
+        for name in task.control_files:
+            ops("read", f"{c}/{name}", look)
+            ops("append", f"{c}/{name}", write, data=f"appended {nonce}\n")
+            ops("unlink", f"{c}/{name}", remove)
+        ops("create", f"{c}/{PLANT}{nonce}", write, data=nonce)
+        checks.append(f"{c}/{PLANT}{nonce}")
+    if task.user_tmp is not None:
+        t = expand(task.user_tmp, values)
+        ops("create", f"{t}/{WRITE}{nonce}", write, data=nonce)
+        checks.append(f"{t}/{WRITE}{nonce}")
+    net = profile.network.value == "none"
+    return Plan(
+        task_id=values.get("task_id", "task"),
+        ops=tuple(look + write + remove),
+        tcp=host.tcp_targets if net else (),
+        unix_abstract=(host.abstract_name,) if net else (),
+        nested_userns=profile.nested_userns.value == "refused",
+        host_checks=tuple(checks),
+    )
+
+
+def program(plan: Plan) -> str:
+    """The witness program's text: the plan as its first line, then conformance/inside.py."""
+    source = resources.files("conformance").joinpath("inside.py").read_text()
+    return f"PLAN = {json.dumps(plan.to_json())!r}\n{source}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One live task's observations, plus what the harness saw on the host around it."""
+
+    doc: Mapping[str, Any]
+    plan: Plan
+    values: Mapping[str, str]
+    host: HostView
+    host_after: Mapping[str, str | None]  # host_checks path -> its content after the launch, or None
+    launcher: str
+    argv: Sequence[str] = ()
+
+    def result(self, op: str, path: str) -> Mapping[str, Any]:
+        for o in self.doc.get("ops", []):
+            if o.get("op") == op and o.get("path") == path:
+                return o.get("result", {})
+        raise KeyError(f"the plan made no {op} of {path}")
+
+    def observed(self, op: str, path: str) -> str:
+        """'ok', an errno name ('EROFS'), or 'error: ...' when the observation itself raised."""
+        r = self.result(op, path)
+        if "error" in r:
+            return f"error: {r['error']}"
+        return "ok" if r.get("ok") else str(r.get("errno"))
+
+    def value(self, op: str, path: str) -> Any:
+        return self.result(op, path).get("value")
+
+    def mount_at(self, path: str) -> Mapping[str, Any] | None:
+        """The mountinfo entry visible at `path` (the last one mounted there shadows the others)."""
+        entries = self.doc.get("mountinfo")
+        if not isinstance(entries, list):
+            return None
+        found = [e for e in entries if e.get("mount_point") == path]
+        return found[-1] if found else None
+
+    def get(self, key: str) -> Any:
+        return self.doc.get(key)
+
+
+def host_after(paths: Sequence[str]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for p in paths:
+        try:
+            out[p] = Path(p).read_text(errors="replace")
+        except (FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError):
+            out[p] = None
+    return out

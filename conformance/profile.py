@@ -1,0 +1,377 @@
+"""A profile: what a sandbox promises a task, read from TOML and validated key by key.
+
+A bad profile is an input error (exit 2) with ONE line naming the file, the key and what was
+expected. Unknown sections and keys are errors too: a typo such as `[netwrok]` must not silently
+drop a promise, because a promise not made is a promise not tested."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+import string
+import tomllib
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+# The placeholders a profile path (and an external launcher prefix) may use; conformance/layout.py
+# gives each one a value.
+PLACEHOLDERS = (
+    "state",
+    "user",
+    "task_id",
+    "control",
+    "workdir",
+    "user_tmp",
+    "neighbour_control",
+    "other_user",
+)
+REFERENCE_NAME = "reference"
+
+
+class ProfileError(Exception):
+    """One line: `FILE: KEY: expected WHAT (got ...)`."""
+
+    def __init__(self, file: str, key: str, expected: str) -> None:
+        self.file, self.key, self.expected = file, key, expected
+        super().__init__(f"{file}: {key}: expected {expected}")
+
+
+class NetworkMode(enum.StrEnum):
+    none = enum.auto()  # only lo, nothing of the host reachable
+    host = enum.auto()  # no promise made
+
+
+class Nested(enum.StrEnum):
+    refused = enum.auto()
+    allowed = enum.auto()  # no promise made
+
+
+class Sharing(enum.StrEnum):
+    private = enum.auto()
+    shared = enum.auto()  # no promise made
+
+
+class Caps(enum.StrEnum):
+    none = enum.auto()
+    any = enum.auto()  # no promise made
+
+
+@dataclasses.dataclass(frozen=True)
+class Filesystem:
+    read_only: tuple[str, ...] = ()
+    masked: tuple[str, ...] = ()
+    writable: tuple[str, ...] = ()
+    absent: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    control: str | None = None
+    control_files: tuple[str, ...] = ()
+    user_tmp: str | None = None
+    workdir: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Namespaces:
+    pid: Sharing = Sharing.shared
+    ipc: Sharing = Sharing.shared
+    uts: Sharing = Sharing.shared
+    hostname: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Process:
+    capabilities: Caps = Caps.any
+    no_new_privs: bool = False
+    init: str | None = None  # PID 1's comm, when the profile names it
+
+
+@dataclasses.dataclass(frozen=True)
+class Environment:
+    allow: tuple[str, ...] | None = None  # None: no promise about the environment
+    set: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    memory_max: int | None = None  # bytes; None: no limit promised ("max" too)
+    pids_max: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    name: str
+    source: str  # the file it came from, for messages
+    description: str = ""
+    filesystem: Filesystem = Filesystem()
+    task: Task = Task()
+    network: NetworkMode = NetworkMode.host
+    nested_userns: Nested = Nested.allowed
+    namespaces: Namespaces = Namespaces()
+    process: Process = Process()
+    environment: Environment = Environment()
+    limits: Limits = Limits()
+
+    def promises(self) -> tuple[str, ...]:
+        """The promise families this profile makes, in display order. A witness whose family is not
+        here is not generated: a promise not made is not tested (and not a skip either)."""
+        fs, t, ns, pr = self.filesystem, self.task, self.namespaces, self.process
+        made = {
+            "masked": bool(fs.masked),
+            "read_only": bool(fs.read_only),
+            "writable": bool(fs.writable),
+            "absent": bool(fs.absent),
+            "control": t.control is not None,
+            "user_tmp": t.user_tmp is not None,
+            "network": self.network is NetworkMode.none,
+            "nested_userns": self.nested_userns is Nested.refused,
+            "pid": ns.pid is Sharing.private,
+            "ipc": ns.ipc is Sharing.private,
+            "uts": ns.uts is Sharing.private,
+            "capabilities": pr.capabilities is Caps.none,
+            "no_new_privs": pr.no_new_privs,
+            "environment": self.environment.allow is not None,
+        }
+        return tuple(k for k, v in made.items() if v)
+
+
+# ---- placeholders -------------------------------------------------------------------------------
+
+
+def placeholders_in(text: str) -> list[str]:
+    return [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
+
+
+def expand(text: str, values: Mapping[str, str]) -> str:
+    """Expand {placeholder}s. Only the known names, and only plain `{name}` (no attribute access or
+    format specs: a profile is data, not a format-string program)."""
+
+    def sub(m: re.Match[str]) -> str:
+        return values[m.group(1)]
+
+    return re.sub(r"\{([a-z_]+)\}", sub, text)
+
+
+# ---- loading and validation ----------------------------------------------------------------------
+
+_SCHEMA: dict[str, frozenset[str]] = {
+    "profile": frozenset({"name", "description"}),
+    "filesystem": frozenset({"read_only", "masked", "writable", "absent"}),
+    "task": frozenset({"control", "control_files", "user_tmp", "workdir"}),
+    "network": frozenset({"mode"}),
+    "userns": frozenset({"nested"}),
+    "namespaces": frozenset({"pid", "ipc", "uts", "hostname"}),
+    "process": frozenset({"capabilities", "no_new_privs", "init"}),
+    "environment": frozenset({"allow", "set"}),
+    "limits": frozenset({"memory_max", "pids_max"}),
+}
+_SIZE = re.compile(r"^(\d+)([KMGT]?)$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _Reader:
+    def __init__(self, file: str, doc: Mapping[str, Any]) -> None:
+        self.file, self.doc = file, doc
+
+    def fail(self, key: str, expected: str, got: Any = dataclasses.MISSING) -> ProfileError:
+        if got is not dataclasses.MISSING:
+            expected = f"{expected} (got {got!r})"
+        return ProfileError(self.file, key, expected)
+
+    def section(self, name: str) -> Mapping[str, Any]:
+        sec = self.doc.get(name, {})
+        if not isinstance(sec, Mapping):
+            raise self.fail(name, "a table", sec)
+        for key in sec:
+            if key not in _SCHEMA[name]:
+                raise self.fail(f"{name}.{key}", f"one of {', '.join(sorted(_SCHEMA[name]))} (unknown key)")
+        return sec
+
+    def path(self, key: str, value: Any) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.fail(key, "a non-empty path string", value)
+        unknown = [p for p in placeholders_in(value) if p not in PLACEHOLDERS]
+        if unknown or re.search(r"\{[^}]*[^a-z_}][^}]*\}", value):
+            raise self.fail(key, f"placeholders among {{{'}, {'.join(PLACEHOLDERS)}}}", value)
+        if not value.startswith(("/", "{")):
+            raise self.fail(key, "an absolute path (or one starting with a placeholder)", value)
+        if ".." in Path(value).parts:
+            raise self.fail(key, "a path without '..'", value)
+        return value
+
+    def paths(self, key: str, value: Any) -> tuple[str, ...]:
+        if not isinstance(value, list):
+            raise self.fail(key, "a list of paths", value)
+        return tuple(self.path(f"{key}[{i}]", v) for i, v in enumerate(value))
+
+    def choice(self, key: str, value: Any, enum_: type[enum.StrEnum]) -> Any:
+        names = [m.value for m in enum_]
+        if value not in names:
+            raise self.fail(key, f"one of {', '.join(repr(n) for n in names)}", value)
+        return enum_(value)
+
+    def boolean(self, key: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(key, "true or false", value)
+        return value
+
+    def text(self, key: str, value: Any) -> str:
+        if not isinstance(value, str) or not value or "\n" in value:
+            raise self.fail(key, "a non-empty one-line string", value)
+        return value
+
+    def limit(self, key: str, value: Any, *, size: bool) -> int | None:
+        if value == "max":
+            return None
+        if isinstance(value, bool):
+            raise self.fail(key, 'a positive integer or "max"', value)
+        if isinstance(value, int) and value > 0:
+            return value
+        if size and isinstance(value, str) and (m := _SIZE.match(value)) and int(m.group(1)) > 0:
+            return int(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " ")
+        what = (
+            'bytes as a positive integer or a string like "512M", or "max"'
+            if size
+            else 'a positive integer or "max"'
+        )
+        raise self.fail(key, what, value)
+
+
+def parse(doc: Mapping[str, Any], file: str) -> Profile:
+    r = _Reader(file, doc)
+    for name in doc:
+        if name not in _SCHEMA:
+            raise r.fail(name, f"a section among {', '.join(_SCHEMA)} (unknown section)")
+    meta = r.section("profile")
+    if "name" not in meta:
+        raise r.fail("profile.name", "a profile name")
+    name = r.text("profile.name", meta["name"])
+    description = r.text("profile.description", meta["description"]) if "description" in meta else ""
+
+    fs = r.section("filesystem")
+    filesystem = Filesystem(**{k: r.paths(f"filesystem.{k}", fs[k]) for k in fs})
+
+    t = r.section("task")
+    control_files: tuple[str, ...] = ()
+    if "control_files" in t:
+        cf = t["control_files"]
+        if (
+            not isinstance(cf, list)
+            or not cf
+            or not all(isinstance(f, str) and f and "/" not in f and f not in (".", "..") for f in cf)
+        ):
+            raise r.fail("task.control_files", "a non-empty list of plain file names", cf)
+        if "control" not in t:
+            raise r.fail("task.control_files", "task.control to be set too")
+        control_files = tuple(cf)
+    elif "control" in t:
+        raise r.fail(
+            "task.control_files",
+            "at least one file the suite seeds in task.control "
+            "(a read-only promise on an empty directory proves nothing)",
+        )
+    task = Task(
+        control=r.path("task.control", t["control"]) if "control" in t else None,
+        control_files=control_files,
+        user_tmp=r.path("task.user_tmp", t["user_tmp"]) if "user_tmp" in t else None,
+        workdir=r.path("task.workdir", t["workdir"]) if "workdir" in t else None,
+    )
+
+    net = r.section("network")
+    network = r.choice("network.mode", net["mode"], NetworkMode) if "mode" in net else NetworkMode.host
+    uns = r.section("userns")
+    nested = r.choice("userns.nested", uns["nested"], Nested) if "nested" in uns else Nested.allowed
+
+    ns = r.section("namespaces")
+    namespaces = Namespaces(
+        **{k: r.choice(f"namespaces.{k}", ns[k], Sharing) for k in ("pid", "ipc", "uts") if k in ns},
+        hostname=r.text("namespaces.hostname", ns["hostname"]) if "hostname" in ns else None,
+    )
+    if namespaces.hostname and namespaces.uts is not Sharing.private:
+        raise r.fail(
+            "namespaces.hostname", 'namespaces.uts = "private" (a hostname needs its own uts namespace)'
+        )
+
+    p = r.section("process")
+    process = Process(
+        capabilities=r.choice("process.capabilities", p["capabilities"], Caps)
+        if "capabilities" in p
+        else Caps.any,
+        no_new_privs=r.boolean("process.no_new_privs", p["no_new_privs"]) if "no_new_privs" in p else False,
+        init=r.text("process.init", p["init"]) if "init" in p else None,
+    )
+    if process.init and namespaces.pid is not Sharing.private:
+        raise r.fail(
+            "process.init", 'namespaces.pid = "private" (PID 1 is only the sandbox\'s own in a pid namespace)'
+        )
+
+    e = r.section("environment")
+    allow: tuple[str, ...] | None = None
+    if "allow" in e:
+        if not isinstance(e["allow"], list) or not all(
+            isinstance(k, str) and _ENV_NAME.match(k) for k in e["allow"]
+        ):
+            raise r.fail("environment.allow", "a list of environment variable names", e["allow"])
+        allow = tuple(e["allow"])
+    env_set: dict[str, str] = {}
+    if "set" in e:
+        if not isinstance(e["set"], Mapping):
+            raise r.fail("environment.set", 'a table of NAME = "value"', e["set"])
+        for k, v in e["set"].items():
+            if not _ENV_NAME.match(k) or not isinstance(v, str):
+                raise r.fail(f"environment.set.{k}", "a variable name with a string value", v)
+            if allow is not None and k not in allow:
+                raise r.fail(f"environment.set.{k}", "a key listed in environment.allow")
+            bad = [x for x in placeholders_in(v) if x not in PLACEHOLDERS]
+            if bad:
+                raise r.fail(f"environment.set.{k}", f"placeholders among {{{'}, {'.join(PLACEHOLDERS)}}}", v)
+            env_set[k] = v
+    environment = Environment(allow=allow, set=env_set)
+
+    lim = r.section("limits")
+    limits = Limits(
+        memory_max=r.limit("limits.memory_max", lim["memory_max"], size=True)
+        if "memory_max" in lim
+        else None,
+        pids_max=r.limit("limits.pids_max", lim["pids_max"], size=False) if "pids_max" in lim else None,
+    )
+    return Profile(
+        name=name,
+        source=file,
+        description=description,
+        filesystem=filesystem,
+        task=task,
+        network=network,
+        nested_userns=nested,
+        namespaces=namespaces,
+        process=process,
+        environment=environment,
+        limits=limits,
+    )
+
+
+def load(path: str | Path | None = None) -> Profile:
+    """The profile at `path`, or the embedded reference profile when None."""
+    if path is None:
+        ref = resources.files("conformance") / "profiles" / f"{REFERENCE_NAME}.toml"
+        return parse(tomllib.loads(ref.read_text()), f"<embedded {REFERENCE_NAME}.toml>")
+    file = str(path)
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise ProfileError(file, "(file)", "an existing profile file (no such file)") from None
+    except IsADirectoryError:
+        raise ProfileError(file, "(file)", "a file, not a directory") from None
+    except PermissionError:
+        raise ProfileError(file, "(file)", "a readable file (permission denied)") from None
+    except UnicodeDecodeError:
+        raise ProfileError(file, "(file)", "UTF-8 text") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ProfileError(file, "(syntax)", f"valid TOML: {e}") from None
+    return parse(doc, file)

@@ -1,0 +1,334 @@
+"""The witnesses: each asserts what a LIVE task observed from inside the sandbox (never the argv).
+
+Every test is marked `witness(family)`; a family the profile does not promise is deselected by the
+plugin. Path witnesses are parametrised by the profile's path templates ("{state}/db"), so node ids
+are stable from run to run while the temp paths behind them are fresh. One launch serves them all
+(`sbxc_task` is session-scoped). A launch that fails is a harness ERROR in every witness, never a
+pass; a broken promise is a plain assertion FAILURE naming what the task saw."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conformance.harness import WitnessSession
+from conformance.plan import PLANT, WRITE, Task
+from conformance.plugin import Settings, settings
+from conformance.profile import expand
+
+witness = pytest.mark.witness
+PATH_FAMILIES = {
+    "masked_path": ("masked", lambda p: p.filesystem.masked),
+    "read_only_path": ("read_only", lambda p: p.filesystem.read_only),
+    "writable_path": ("writable", lambda p: p.filesystem.writable),
+    "absent_path": ("absent", lambda p: p.filesystem.absent),
+}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    for arg, (_, paths) in PATH_FAMILIES.items():
+        if arg in metafunc.fixturenames:
+            templates = list(paths(settings(metafunc.config).profile)) or ["(none)"]
+            metafunc.parametrize(arg, templates, ids=templates)
+
+
+def _p(task: Task, template: str) -> str:
+    return expand(template, task.values)
+
+
+def _control(task: Task, sbxc_settings: Settings) -> str:
+    assert sbxc_settings.profile.task.control is not None
+    return _p(task, sbxc_settings.profile.task.control)
+
+
+def _created(task: Task, directory: str, prefix: str) -> tuple[str, str]:
+    """The file the plan had the task create in `directory` (path, content)."""
+    [op] = [
+        o
+        for o in task.plan.ops
+        if o["op"] == "create"
+        and os.path.dirname(o["path"]) == directory
+        and os.path.basename(o["path"]).startswith(prefix)
+    ]
+    return op["path"], op["data"]
+
+
+# ---- masked ------------------------------------------------------------------------------------
+
+
+@witness("masked")
+def test_a_masked_directory_is_an_empty_read_only_tmpfs(sbxc_task: Task, masked_path: str) -> None:
+    path = _p(sbxc_task, masked_path)
+    mount = sbxc_task.mount_at(path)
+    assert mount is not None, f"nothing is mounted at {masked_path} inside the task (no mask)"
+    assert mount["fstype"] == "tmpfs", f"{masked_path} is a {mount['fstype']} mount, not a tmpfs"
+    assert mount["ro"], f"the tmpfs at {masked_path} is mounted {','.join(mount['options'])}, not ro"
+    listing = sbxc_task.observed("list", path)
+    assert listing == "ok", f"listing {masked_path} gave {listing}"
+    assert sbxc_task.value("list", path) == [], f"{masked_path} is not empty: {sbxc_task.value('list', path)}"
+
+
+@witness("masked")
+def test_a_masked_directorys_host_canary_is_invisible(sbxc_task: Task, masked_path: str) -> None:
+    path = _p(sbxc_task, masked_path)
+    reads = [o["path"] for o in sbxc_task.plan.ops if o["op"] == "read" and o["path"].startswith(path + "/")]
+    if not reads:
+        pytest.skip(f"the host has no file directly in {masked_path} to hide: the witness would be vacuous")
+    seen = {r: sbxc_task.observed("read", r) for r in reads}
+    assert all(v == "ENOENT" for v in seen.values()), f"host content under {masked_path} seen inside: {seen}"
+
+
+@witness("masked")
+def test_nothing_can_be_created_in_a_masked_directory(sbxc_task: Task, masked_path: str) -> None:
+    plant, _ = _created(sbxc_task, _p(sbxc_task, masked_path), PLANT)
+    assert sbxc_task.observed("create", plant) == "EROFS", (
+        f"creating a file in {masked_path} gave {sbxc_task.observed('create', plant)}, not EROFS"
+    )
+
+
+# ---- read-only -------------------------------------------------------------------------------------
+
+
+@witness("read_only")
+def test_a_read_only_path_is_readable(sbxc_task: Task, read_only_path: str) -> None:
+    path = _p(sbxc_task, read_only_path)
+    if not os.path.exists(path):
+        pytest.skip(f"{read_only_path} does not exist on the host: nothing to show readable")
+    assert sbxc_task.observed("stat", path) == "ok", (
+        f"{read_only_path} is not visible inside: stat gave {sbxc_task.observed('stat', path)}"
+    )
+    for o in sbxc_task.plan.ops:
+        if o["op"] == "read" and (o["path"] == path or os.path.dirname(o["path"]) == path):
+            with open(o["path"], errors="replace") as f:
+                host = f.read(4096)
+            seen = sbxc_task.observed("read", o["path"])
+            assert sbxc_task.value("read", o["path"]) == host, (
+                f"reading {o['path']} inside gave {seen}, not the host content"
+            )
+    if os.path.isdir(path):
+        assert sbxc_task.observed("list", path) == "ok"
+        assert sbxc_task.value("list", path), f"{read_only_path} is empty inside but not on the host"
+
+
+@witness("read_only")
+def test_a_read_only_path_refuses_writes_with_erofs(sbxc_task: Task, read_only_path: str) -> None:
+    path = _p(sbxc_task, read_only_path)
+    tried = {
+        f"{o['op']} {o['path']}": sbxc_task.observed(o["op"], o["path"])
+        for o in sbxc_task.plan.ops
+        if o["op"] in ("create", "append") and (o["path"] == path or os.path.dirname(o["path"]) == path)
+    }
+    if not tried:
+        pytest.skip(f"{read_only_path} does not exist on the host: no write to try")
+    assert all(v == "EROFS" for v in tried.values()), f"writes under {read_only_path} gave {tried}"
+
+
+# ---- writable --------------------------------------------------------------------------------------
+
+
+@witness("writable")
+def test_a_writable_path_accepts_a_file_the_host_sees(sbxc_task: Task, writable_path: str) -> None:
+    path, data = _created(sbxc_task, _p(sbxc_task, writable_path), WRITE)
+    assert sbxc_task.observed("create", path) == "ok", (
+        f"creating a file in {writable_path} gave {sbxc_task.observed('create', path)}"
+    )
+    assert sbxc_task.host_after.get(path) == data, (
+        f"the host does not see the file written in {writable_path}"
+    )
+
+
+# ---- absent ----------------------------------------------------------------------------------------
+
+
+@witness("absent")
+def test_an_absent_path_does_not_exist_inside(sbxc_task: Task, absent_path: str) -> None:
+    path = _p(sbxc_task, absent_path)
+    if not os.path.exists(path):
+        pytest.skip(f"{absent_path} does not exist on the host either: the witness would be vacuous")
+    seen = sbxc_task.observed("stat", path)
+    assert seen == "ENOENT", (
+        f"{absent_path} (which exists on the host) is visible inside: stat gave {seen}"
+        + (f", listing {sbxc_task.value('list', path)}" if sbxc_task.observed("list", path) == "ok" else "")
+    )
+
+
+# ---- the per-task control directory ----------------------------------------------------------------
+
+
+@witness("control")
+def test_the_control_directorys_files_are_readable(sbxc_task: Task, sbxc_settings: Settings) -> None:
+    control = _control(sbxc_task, sbxc_settings)
+    for name in sbxc_settings.profile.task.control_files:
+        f = f"{control}/{name}"
+        assert sbxc_task.observed("read", f) == "ok", f"reading {name} gave {sbxc_task.observed('read', f)}"
+        assert "SBXC-CANARY control" in sbxc_task.value("read", f), (
+            f"{name} inside is not this task's seeded file: {sbxc_task.value('read', f)!r}"
+        )
+
+
+@witness("control")
+def test_an_append_to_the_control_directorys_file_is_refused_with_erofs(
+    sbxc_task: Task, sbxc_settings: Settings
+) -> None:
+    control = _control(sbxc_task, sbxc_settings)
+    seen = {
+        n: sbxc_task.observed("append", f"{control}/{n}") for n in sbxc_settings.profile.task.control_files
+    }
+    assert all(v == "EROFS" for v in seen.values()), f"appending to the control files gave {seen}"
+
+
+@witness("control")
+def test_a_file_cannot_be_planted_in_the_control_directory(sbxc_task: Task, sbxc_settings: Settings) -> None:
+    control = _control(sbxc_task, sbxc_settings)
+    plant, _ = _created(sbxc_task, control, PLANT)
+    seen = sbxc_task.observed("create", plant)
+    assert seen == "EROFS", f"planting a file in the control directory gave {seen}"
+    assert sbxc_task.host_after.get(plant) is None, "the planted file reached the host's control directory"
+
+
+@witness("control")
+def test_the_control_directorys_files_cannot_be_removed(sbxc_task: Task, sbxc_settings: Settings) -> None:
+    control = _control(sbxc_task, sbxc_settings)
+    seen = {
+        n: sbxc_task.observed("unlink", f"{control}/{n}") for n in sbxc_settings.profile.task.control_files
+    }
+    assert all(v == "EROFS" for v in seen.values()), f"removing the control files gave {seen}"
+
+
+# ---- the per-user temp -------------------------------------------------------------------------------
+
+
+@witness("user_tmp")
+def test_a_sibling_in_the_per_user_temp_stays_writable(sbxc_task: Task, sbxc_settings: Settings) -> None:
+    # What separates a read-only bind scoped to the task's control dir from a read-only task tree.
+    assert sbxc_settings.profile.task.user_tmp is not None
+    path, data = _created(sbxc_task, _p(sbxc_task, sbxc_settings.profile.task.user_tmp), WRITE)
+    seen = sbxc_task.observed("create", path)
+    assert seen == "ok", f"creating a file in the per-user temp gave {seen}"
+    assert sbxc_task.host_after.get(path) == data, (
+        "the host does not see the file written in the per-user temp"
+    )
+
+
+# ---- network -----------------------------------------------------------------------------------------
+
+
+@witness("network")
+def test_the_task_sees_only_the_loopback_interface(sbxc_task: Task) -> None:
+    assert sbxc_task.get("interfaces") == ["lo"], f"interfaces inside: {sbxc_task.get('interfaces')}"
+
+
+@witness("network")
+def test_the_task_cannot_reach_the_hosts_tcp_listener(sbxc_task: Task) -> None:
+    reached = [c["target"] for c in sbxc_task.get("tcp") or [] if c["result"].get("ok")]
+    assert sbxc_task.get("tcp"), "the task made no TCP connect attempt"
+    assert not reached, f"the task connected to the host's TCP listener at {reached}"
+
+
+@witness("network")
+def test_the_task_cannot_reach_the_hosts_abstract_unix_socket(sbxc_task: Task) -> None:
+    attempts = sbxc_task.get("unix_abstract") or []
+    assert attempts, "the task made no abstract unix socket connect attempt"
+    reached = [c["target"] for c in attempts if c["result"].get("ok")]
+    assert not reached, (
+        f"the task connected to the host's abstract unix socket @{reached[0] if reached else ''}"
+    )
+
+
+# ---- nested user namespaces --------------------------------------------------------------------------
+
+
+@witness("nested_userns")
+def test_a_nested_user_namespace_is_refused(sbxc_task: Task, sbxc_session: WitnessSession) -> None:
+    why = sbxc_session.nested_userns_skip()
+    if why:
+        pytest.skip(why)  # never claim a boundary that is not there
+    result = sbxc_task.get("nested_userns") or {}
+    assert "error" not in result, f"the nested unshare could not be tried: {result.get('error')}"
+    assert result.get("ok") is False, "unshare(CLONE_NEWUSER) succeeded inside the task"
+
+
+# ---- pid, ipc, uts -----------------------------------------------------------------------------------
+
+
+@witness("pid")
+def test_host_pids_are_invisible_to_the_task(sbxc_task: Task) -> None:
+    host = sbxc_task.host
+    procs = sbxc_task.get("processes")
+    assert isinstance(procs, list), f"the task could not list processes: {procs}"
+    harness = [
+        p
+        for p in procs
+        if p["pid"] == host.harness_pid and tuple(p.get("cmdline", ())) == host.harness_cmdline
+    ]
+    assert not harness, f"the harness process (host pid {host.harness_pid}) is visible inside the task"
+    assert sbxc_task.get("namespaces")["pid"] != host.namespaces.get("pid"), (
+        "the task is in the host's pid namespace"
+    )
+
+
+@witness("pid")
+def test_pid_1_is_the_sandboxs_init(sbxc_task: Task, sbxc_settings: Settings) -> None:
+    procs = sbxc_task.get("processes")
+    assert isinstance(procs, list), f"the task could not list processes: {procs}"
+    [pid1] = [p for p in procs if p["pid"] == 1] or [None]
+    assert pid1 is not None, "PID 1 is not visible inside the task"
+    assert tuple(pid1.get("cmdline", ())) != sbxc_task.host.pid1_cmdline, (
+        f"PID 1 inside is the host's init ({' '.join(sbxc_task.host.pid1_cmdline)[:80]})"
+    )
+    init = sbxc_settings.profile.process.init
+    if init is not None:
+        assert pid1.get("comm") == init, f"PID 1 inside is {pid1.get('comm')!r}, the profile says {init!r}"
+
+
+@witness("ipc")
+def test_the_ipc_namespace_is_private(sbxc_task: Task) -> None:
+    inside, host = sbxc_task.get("namespaces")["ipc"], sbxc_task.host.namespaces.get("ipc")
+    assert inside != host, f"the task shares the host's ipc namespace {host}"
+
+
+@witness("uts")
+def test_the_uts_namespace_is_private(sbxc_task: Task, sbxc_settings: Settings) -> None:
+    inside, host = sbxc_task.get("namespaces")["uts"], sbxc_task.host.namespaces.get("uts")
+    assert inside != host, f"the task shares the host's uts namespace {host}"
+    name = sbxc_settings.profile.namespaces.hostname
+    if name is not None:
+        assert sbxc_task.get("hostname") == name, (
+            f"hostname inside is {sbxc_task.get('hostname')!r}, not {name!r}"
+        )
+
+
+# ---- capabilities, no_new_privs --------------------------------------------------------------------
+
+
+@witness("capabilities")
+def test_the_task_has_no_capabilities(sbxc_task: Task) -> None:
+    status = sbxc_task.get("status") or {}
+    sets = {k: status.get(k) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
+    held = {k: v for k, v in sets.items() if v is None or int(v, 16) != 0}
+    assert not held, f"capability sets inside: {held}"
+
+
+@witness("no_new_privs")
+def test_no_new_privs_is_set(sbxc_task: Task) -> None:
+    nnp = (sbxc_task.get("status") or {}).get("NoNewPrivs")
+    assert nnp == "1", f"NoNewPrivs inside is {nnp}"
+
+
+# ---- environment -------------------------------------------------------------------------------------
+
+
+@witness("environment")
+def test_only_allowlisted_environment_keys_arrive(sbxc_task: Task, sbxc_settings: Settings) -> None:
+    keys = sbxc_task.get("environment_keys")
+    assert isinstance(keys, list), f"the task could not read its environment: {keys}"
+    extra = sorted(set(keys) - set(sbxc_settings.profile.environment.allow or ()))
+    assert not extra, f"keys outside the allowlist arrived: {extra}"
+
+
+@witness("environment")
+def test_the_launchers_secret_does_not_reach_the_task(sbxc_task: Task) -> None:
+    keys = sbxc_task.get("environment_keys")
+    assert isinstance(keys, list), f"the task could not read its environment: {keys}"
+    assert sbxc_task.host.secret_key not in keys, f"{sbxc_task.host.secret_key} reached the task"

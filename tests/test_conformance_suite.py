@@ -1,0 +1,416 @@
+"""The witness suite end to end on this host: the reference profile and launcher pass as root and as
+an unprivileged user; each witness family goes red under a deliberately broken sandbox (an external
+launcher script, or one perturbation of the reference sandbox), by assertion, not harness error; and
+a launcher that hangs, fails or prints garbage is a harness error naming it, leaving nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conformance.launch import HarnessError, Launcher, external, launch, parse_document
+from probes.run import Completed
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.integration
+
+
+def witness(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "runners.cli", "witness", *args],
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        env=full,
+    )
+
+
+def junit(path: Path) -> dict[str, str]:
+    """test name -> passed / failure / error / skipped."""
+    out = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        kinds = [c.tag for c in case if c.tag in ("failure", "error", "skipped")]
+        out[case.get("name", "")] = kinds[0] if kinds else "passed"
+    return out
+
+
+@pytest.fixture
+def reference_ready(root_only: None, bwrap_path: str) -> None:
+    from conformance.harness import findings
+
+    f = findings(None)["disable_userns"]
+    if not f.ok:
+        pytest.skip(f"disable_userns probe: {f.verdict}: {f.reason}")
+
+
+def expected_skip_file(tmp_path: Path) -> Path:
+    f = tmp_path / "skips.txt"
+    f.write_text("# no witness skip is justified on a host where the probes pass\n")
+    return f
+
+
+@pytest.mark.parametrize("as_user", [None, "sbxc-test"], ids=["root", "unprivileged"])
+def test_the_reference_sandbox_keeps_every_promise(
+    reference_ready: None, request: pytest.FixtureRequest, tmp_path: Path, as_user: str | None
+) -> None:
+    args = [
+        "--junitxml",
+        str(tmp_path / "j.xml"),
+        "--json",
+        str(tmp_path / "r.json"),
+        "--require",
+        "--expected-skips",
+        str(expected_skip_file(tmp_path)),
+    ]
+    if as_user:
+        args += ["--as-user", request.getfixturevalue("test_user")]
+    done = witness(*args)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[-1].startswith("witness: 16 kept, 0 BROKEN, 0 not tested"), done.stdout
+    assert all(ln.endswith(": kept") for ln in lines[:-1]), done.stdout
+    cases = junit(tmp_path / "j.xml")
+    assert len(cases) >= 27 and set(cases.values()) == {"passed"}, cases
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["exit"] == 0 and len(report["tasks"]) == 1, "one launch serves every witness"
+    obs = report["tasks"][0]["observations"]
+    assert obs["complete"] is True and obs["interfaces"] == ["lo"]
+    if as_user:
+        assert obs["ids"]["uid"] != 0 and "setpriv" in report["tasks"][0]["argv"][0]
+
+
+# ---- every witness family goes red under one broken thing ---------------------------------------------
+
+LAUNCHER = textwrap.dedent("""\
+    #!/bin/sh
+    # A user's sandbox as an external launcher: MODE STATE CONTROL USER_TMP WORKDIR -- then the witness.
+    mode=$1 state=$2 control=$3 user_tmp=$4 workdir=$5
+    shift 5
+    net=--unshare-net; ctl=--ro-bind; mask="--tmpfs $state/db --remount-ro $state/db"; env=--clearenv
+    case $mode in
+      control_rw) ctl=--bind ;;
+      net_shared) net= ;;
+      no_mask) mask= ;;
+      keep_env) env= ;;
+    esac
+    exec bwrap --unshare-user --unshare-pid --unshare-ipc --unshare-uts --hostname sbxc-task $net \\
+      --disable-userns --cap-drop ALL --die-with-parent --new-session $env \\
+      --setenv PATH /usr/bin:/bin --setenv HOME "$workdir" --setenv LANG C.UTF-8 \\
+      --ro-bind /usr /usr --symlink usr/bin /bin --symlink usr/lib /lib --symlink usr/lib64 /lib64 \\
+      --proc /proc --dev /dev --tmpfs /tmp \\
+      --ro-bind "$state" "$state" $mask --tmpfs "$state/users" \\
+      --bind "$user_tmp" "$user_tmp" $ctl "$control" "$control" --bind "$workdir" "$workdir" \\
+      --remount-ro "$state/users" --chdir "$workdir" "$@"
+    """)
+
+
+@pytest.fixture
+def launcher_script(tmp_path: Path) -> Path:
+    f = tmp_path / "launcher.sh"
+    f.write_text(LAUNCHER)
+    f.chmod(0o755)
+    return f
+
+
+def _external(script: Path, mode: str) -> str:
+    return f"{script} {mode} {{state}} {{control}} {{user_tmp}} {{workdir}}"
+
+
+def test_a_users_external_launcher_that_keeps_every_promise_passes(
+    reference_ready: None, launcher_script: Path, tmp_path: Path
+) -> None:
+    done = witness("--launcher", _external(launcher_script, "good"), "--junitxml", str(tmp_path / "j.xml"))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "0 BROKEN, 0 not tested" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("mode", "red"),
+    [
+        (
+            "control_rw",
+            [
+                "test_an_append_to_the_control_directorys_file_is_refused_with_erofs",
+                "test_a_file_cannot_be_planted_in_the_control_directory",
+                "test_the_control_directorys_files_cannot_be_removed",
+            ],
+        ),
+        (
+            "net_shared",
+            [
+                "test_the_task_sees_only_the_loopback_interface",
+                "test_the_task_cannot_reach_the_hosts_tcp_listener",
+                "test_the_task_cannot_reach_the_hosts_abstract_unix_socket",
+            ],
+        ),
+        (
+            "no_mask",
+            [
+                "test_a_masked_directory_is_an_empty_read_only_tmpfs[{state}/db]",
+                "test_a_masked_directorys_host_canary_is_invisible[{state}/db]",
+            ],
+        ),
+        (
+            "keep_env",
+            [
+                "test_only_allowlisted_environment_keys_arrive",
+                "test_the_launchers_secret_does_not_reach_the_task",
+            ],
+        ),
+    ],
+)
+def test_a_broken_external_launcher_turns_its_witnesses_red(
+    reference_ready: None, launcher_script: Path, tmp_path: Path, mode: str, red: list[str]
+) -> None:
+    done = witness("--launcher", _external(launcher_script, mode), "--junitxml", str(tmp_path / "j.xml"))
+    assert done.returncode == 1, done.stdout
+    cases = junit(tmp_path / "j.xml")
+    assert {c for c, k in cases.items() if k == "failure"} == set(red), cases
+    assert "error" not in cases.values(), "a broken promise is an assertion failure, not a harness error"
+    assert "BROKEN" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("perturbation", "red"),
+    [
+        (
+            "mask_writable",
+            {
+                "test_a_masked_directory_is_an_empty_read_only_tmpfs[{state}/db]",
+                "test_nothing_can_be_created_in_a_masked_directory[{state}/db]",
+            },
+        ),
+        ("control_scoped_per_user", {"test_an_absent_path_does_not_exist_inside[{neighbour_control}]"}),
+        ("other_user_bound", {"test_an_absent_path_does_not_exist_inside[{other_user}]"}),
+        ("nested_userns_enabled", {"test_a_nested_user_namespace_is_refused"}),
+        ("pid_shared", {"test_host_pids_are_invisible_to_the_task", "test_pid_1_is_the_sandboxs_init"}),
+        ("ipc_shared", {"test_the_ipc_namespace_is_private"}),
+        ("uts_shared", {"test_the_uts_namespace_is_private"}),
+        ("caps_kept", {"test_the_task_has_no_capabilities"}),
+    ],
+)
+def test_one_perturbation_of_the_reference_sandbox_turns_exactly_its_witnesses_red(
+    reference_ready: None, test_user: str, tmp_path: Path, perturbation: str, red: set[str]
+) -> None:
+    done = witness("--as-user", test_user, "--perturb", perturbation, "--junitxml", str(tmp_path / "j.xml"))
+    assert done.returncode == 1, done.stdout
+    cases = junit(tmp_path / "j.xml")
+    assert {c for c, k in cases.items() if k == "failure"} == red, cases
+    assert "error" not in cases.values()
+
+
+# ---- harness errors ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ("sleep 6131", "timed out"),
+        ("echo oops >&2; exit 3", "exited 3"),
+        ("cat >/dev/null; echo garbage; echo '{not json'", "printed no witness document"),
+        ('cat >/dev/null; echo \'{"version": 1, "complete": false}\'', "partial"),
+        (None, "could not be executed"),
+    ],
+    ids=["hangs", "exits-non-zero", "prints-garbage", "prints-a-partial-document", "does-not-exist"],
+)
+def test_a_launcher_that_does_not_deliver_is_a_harness_error_naming_it_and_leaves_nothing(
+    tmp_path: Path, body: str | None, says: str
+) -> None:
+    script = tmp_path / "sandbox-run"
+    if body is not None:
+        script.write_text(f"#!/bin/sh\n{body}\n")
+        script.chmod(0o755)
+    prefix = str(script)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    done = witness(
+        "--launcher",
+        prefix,
+        "--timeout",
+        "2",
+        "--junitxml",
+        str(tmp_path / "j.xml"),
+        env={"TMPDIR": str(tmp)},
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert f"harness error: launcher {prefix!r}: " in done.stdout and says in done.stdout, done.stdout
+    promises = [ln for ln in done.stdout.splitlines() if not ln.startswith(("harness error", "witness:"))]
+    assert promises and all(": not tested: harness error: " in ln for ln in promises), done.stdout
+    assert "0 kept, 0 BROKEN" in done.stdout
+    cases = junit(tmp_path / "j.xml")
+    assert set(cases.values()) == {"error"}, cases
+    assert list(tmp.iterdir()) == [], "the layout was not removed"
+    left = [
+        p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"]) if "6131" in (p.info["cmdline"] or [])
+    ]
+    assert left == [], f"processes left behind: {left}"
+
+
+def test_parse_document_never_passes_an_incomplete_launch() -> None:
+    ok = Completed(("x",), 0, '{"version": 1, "complete": true}\n', "", 0.1)
+    assert parse_document("L", ok)["complete"] is True
+    with pytest.raises(HarnessError, match=r"^L: exited 1"):
+        parse_document("L", Completed(("x",), 1, '{"version": 1, "complete": true}\n', "", 0.1))
+    with pytest.raises(HarnessError, match="version 2"):
+        parse_document("L", Completed(("x",), 0, '{"version": 2, "complete": true}\n', "", 0.1))
+    with pytest.raises(HarnessError, match="timed out"):
+        parse_document("L", Completed(("x",), None, "", "", 5.0, timed_out=True))
+
+
+def test_an_external_launcher_prefix_expands_placeholders_inside_words() -> None:
+    lau = external("run --dir={control} --id {task_id}")
+    argv = lau.argv({}, {"control": "/a b/c", "task_id": "t1"})
+    assert argv == ("run", "--dir=/a b/c", "--id", "t1", "python3", "-I", "-S", "-")
+
+
+def test_an_entry_point_launcher_builds_its_argv_from_the_spec() -> None:
+    lau = Launcher(name="launcher entry point 'x'", kind="entry-point", factory=lambda spec: ["env", "-i"])
+    assert lau.argv({"task_id": "t"}, {}) == ("env", "-i", "python3", "-I", "-S", "-")
+    bad = Launcher(name="launcher entry point 'y'", kind="entry-point", factory=lambda spec: "env -i")
+    with pytest.raises(HarnessError, match="entry point 'y'"):
+        bad.argv({}, {})
+
+
+def test_launch_kills_the_whole_process_group_on_timeout(tmp_path: Path) -> None:
+    with pytest.raises(HarnessError, match="timed out"):
+        launch(
+            "L",
+            ["/bin/sh", "-c", "sleep 6132 & sleep 6132; wait"],
+            "",
+            env={"PATH": "/usr/bin:/bin"},
+            timeout=0.5,
+        )
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if "6132" in (p.info["cmdline"] or [])]
+    assert left == []
+
+
+# ---- skip gating ---------------------------------------------------------------------------------------
+
+GATED = textwrap.dedent("""\
+    [profile]
+    name = "gated"
+    [filesystem]
+    absent = ["/nonexistent-sbxc-witness-path"]
+    [process]
+    no_new_privs = true
+    """)
+
+
+@pytest.fixture
+def gated_profile(tmp_path: Path) -> Path:
+    f = tmp_path / "gated.toml"
+    f.write_text(GATED)
+    return f
+
+
+SKIPPED = "test_an_absent_path_does_not_exist_inside[/nonexistent-sbxc-witness-path]"
+
+
+def test_a_vacuous_witness_skips_and_a_promise_not_made_is_not_collected(
+    reference_ready: None, gated_profile: Path, tmp_path: Path
+) -> None:
+    done = witness("--profile", str(gated_profile), "--junitxml", str(tmp_path / "j.xml"))
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    cases = junit(tmp_path / "j.xml")
+    # Only the two promised families exist at all: network, caps... are deselected, not skipped.
+    assert cases == {SKIPPED: "skipped", "test_no_new_privs_is_set": "passed"}
+    assert "absent /nonexistent-sbxc-witness-path: not tested: " in done.stdout and "vacuous" in done.stdout
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_the_require_switch_turns_a_skip_into_a_failure(
+    reference_ready: None, gated_profile: Path, tmp_path: Path, how: str
+) -> None:
+    args = ["--profile", str(gated_profile), "--junitxml", str(tmp_path / "j.xml")]
+    env = {"SANDBOX_CONFORMANCE_REQUIRE": "1"} if how == "env" else {}
+    done = witness(*args, *(["--require"] if how == "flag" else []), env=env)
+    assert done.returncode == 1, done.stdout
+    assert junit(tmp_path / "j.xml")[SKIPPED] == "failure"
+
+
+@pytest.mark.parametrize(
+    ("listed", "rc"),
+    [
+        ([SKIPPED], 0),  # exactly the skipped set
+        ([], 1),  # a new skip
+        ([SKIPPED, "test_no_new_privs_is_set"], 1),  # a listed test that ran
+        ([SKIPPED, "test_a_witness_that_no_longer_exists"], 1),  # a listed test that is gone
+    ],
+)
+def test_the_expected_skips_file_must_equal_the_skipped_set(
+    reference_ready: None, gated_profile: Path, tmp_path: Path, listed: list[str], rc: int
+) -> None:
+    f = tmp_path / "skips.txt"
+    f.write_text("".join(f"conformance/test_witnesses.py::{t} | vacuous here\n" for t in listed))
+    done = witness("--profile", str(gated_profile), "--require", "--expected-skips", str(f))
+    assert done.returncode == rc, done.stdout + done.stderr[-2000:]
+    if rc:
+        assert "expected skips:" in done.stdout
+
+
+def test_no_bwrap_and_no_launcher_did_not_run_75(tmp_path: Path) -> None:
+    done = witness(env={"PATH": str(tmp_path)})
+    assert done.returncode == 75, done.stderr
+    assert "no bwrap" in done.stderr
+
+
+# ---- the fixtures users call from their own suites ---------------------------------------------------
+
+USER_SUITE = textwrap.dedent("""\
+    def test_my_sandbox_hides_the_db(sbxc_launch):
+        task = sbxc_launch()
+        db = task.values["state"] + "/db"
+        assert task.mount_at(db)["fstype"] == "tmpfs"
+        assert task.observed("read", db + "/canary.sqlite") == "ENOENT"
+
+    def test_my_broken_sandbox_shows_the_db(sbxc_launch):
+        task = sbxc_launch(perturbations=("mask_dropped",))
+        assert task.observed("read", task.values["state"] + "/db/canary.sqlite") == "ok"
+    """)
+
+
+def test_a_users_suite_can_launch_live_tasks_through_the_factory_fixture(
+    reference_ready: None, tmp_path: Path
+) -> None:
+    (tmp_path / "test_mine.py").write_text(USER_SUITE)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:randomly",
+            "-p",
+            "no:cacheprovider",
+            str(tmp_path / "test_mine.py"),
+        ],
+        cwd=tmp_path,
+        text=True,
+        capture_output=True,
+        timeout=120,
+        env={"PATH": os.environ.get("PATH", ""), "TMPDIR": str(tmp)},
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "2 passed" in done.stdout
+    assert list(tmp.iterdir()) == []
+
+
+def test_bwrap_missing_is_not_a_skip_here(bwrap_path: str) -> None:
+    assert shutil.which("bwrap") == bwrap_path
