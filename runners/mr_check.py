@@ -1,0 +1,65 @@
+"""`sandbox-conformance mr-check`: say which tier covers a change, run it, or hand it over.
+
+Collects the changed paths (committed since the merge-base with --base, default the repository's
+default branch, plus uncommitted and untracked files), matches them against the sandbox-touching
+globs declared in `[tool.sandbox-conformance]` (runners/mr_config.py), and runs every touched tier
+through the runner (runners/mr_tiers.py).
+
+Exit: 0 not sandbox-touching, or every touched tier ran green; 1 a tier went red (or gave no
+verdict); 2 usage or input error (no configuration, not a repository, unknown base), one line;
+75 a touched tier could not run here: the handover paragraph names the files, the tier, the exact
+command and why. Never 0 for a sandbox-touching change whose tier did not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from runners.errors import UsageError
+from runners.mr_config import ConfigError, check_paths, load
+from runners.mr_git import GitError, collect, toplevel
+from runners.mr_report import Format, Report, exit_code, plan, render
+from runners.mr_tiers import TierResult, display_command, run_tier
+
+MODES = ("auto", "native", "container")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base", metavar="REV",
+                   help="compare with the merge-base of REV and HEAD "
+                        "(default: origin/HEAD, else main or master)")
+    p.add_argument("--format", choices=[str(f) for f in Format], default=str(Format.text),
+                   help="text (default), markdown (to paste into the merge request) or one JSON document")
+    p.add_argument("--config", metavar="FILE", type=Path,
+                   help="a TOML file with the tiers (default: [tool.sandbox-conformance] in the repository's "
+                        "pyproject.toml)")
+    p.add_argument("--mode", choices=MODES,
+                   help="passed to the runner for every tier (default: the runner's, i.e. "
+                        "$SANDBOX_CONFORMANCE_MODE or auto)")
+    p.add_argument("-C", "--repo", metavar="DIR", type=Path, default=None,
+                   help="the repository to check (default: the working directory)")
+
+
+def main(args: argparse.Namespace) -> int:
+    fmt = Format(args.format)
+    cwd = (args.repo or Path.cwd()).absolute()
+    try:
+        # The configuration first: in a repository that declares nothing, "add this" is the useful line.
+        root = toplevel(cwd)
+        config = load(root, args.config)
+        check_paths(config, root)
+        changes = collect(cwd, args.base)
+    except (GitError, ConfigError) as e:
+        raise UsageError(str(e)) from None
+    plans = plan(config.tiers, changes.changes)
+    results: list[TierResult] = []
+    for p in plans:
+        # Progress on stderr: a tier can take minutes, and stdout is the report (maybe JSON).
+        cmd = display_command(p.tier, args.mode)
+        print(f"sandbox-conformance mr-check: running tier {p.tier.name}: {cmd}", file=sys.stderr, flush=True)
+        results.append(run_tier(p.tier, changes.root, args.mode))
+    report = Report(changes, config.source, args.mode, plans, tuple(results))
+    print(render(report, fmt))
+    return exit_code(report)

@@ -1,0 +1,255 @@
+"""Run one tier for mr-check through the runner, so the same modes and the same refusals apply.
+
+- witness / cgroup tiers: `sandbox-conformance run [--mode M] [witness options] [-- pytest args]` as a
+  subprocess; its exit code is the contract (0 green, 1 red, 2 bad input, 75 did not run) and its
+  refusal lines (`... run: refused: REASON`, `  way on: ...`) are the handover's "why".
+- command tiers: the runner's own decision (`runners.decide.decide` over the same probes `run`
+  collects) gates the user's command; a refusal there is a refusal here. The command then runs on
+  this host from the repository root.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import os
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from probes.run import Completed, Runner, run
+from runners.mr_config import Tier, TierKind
+
+PROG = "sandbox-conformance"
+RUN_PREFIX = f"{PROG} run:"
+REFUSED_PREFIX = f"{RUN_PREFIX} refused: "
+WAY_ON = "way on:"
+VERDICT_PREFIX = f"{PROG}: "
+TAIL_LINES = 20
+
+# pytest selection of the cgroup witnesses inside the witness suite. None while this version of the
+# suite ships no cgroup witnesses (they come with the cgroup-limits issue): a `cgroup` tier then
+# refuses with that reason instead of running a suite that would not test what the tier promises,
+# because mr-check never reports green for a tier that did not run.
+CGROUP_SELECTION: tuple[str, ...] | None = None
+
+
+class Outcome(enum.StrEnum):
+    passed = "PASS"
+    failed = "FAIL"       # the tier ran and went red
+    error = "ERROR"       # the tier started but gave no verdict (timeout, harness error, odd exit)
+    refused = "REFUSED"   # the tier could not run here: handover
+    usage = "USAGE"       # the runner rejected the tier's options (bad profile path...): fix the config
+
+    @property
+    def exit_code(self) -> int:
+        return {Outcome.passed: 0, Outcome.failed: 1, Outcome.error: 1, Outcome.refused: 75,
+                Outcome.usage: 2}[self]
+
+
+@dataclasses.dataclass(frozen=True)
+class TierResult:
+    outcome: Outcome
+    reason: str                         # one line
+    ways_on: tuple[str, ...] = ()
+    runner_verdict: str | None = None   # the runner's last verdict line, verbatim
+    exit_code: int | None = None        # of the runner or the command; None: killed on timeout
+    seconds: float = 0.0
+    output_tail: tuple[str, ...] = ()   # last lines of stdout+stderr, for a red or odd run
+
+
+def runner_args(tier: Tier, mode: str | None) -> list[str]:
+    """The arguments after `sandbox-conformance` that run a witness or cgroup tier."""
+    args = ["run"]
+    if mode:
+        args += ["--mode", mode]
+    if tier.profile:
+        args += ["--profile", tier.profile]
+    if tier.launcher:
+        args += ["--launcher", tier.launcher]
+    if tier.as_user:
+        args += ["--as-user", tier.as_user]
+    if tier.expected_skips:
+        args += ["--expected-skips", tier.expected_skips]
+    if tier.require:
+        args.append("--require")
+    selection = (CGROUP_SELECTION or ()) if tier.kind is TierKind.cgroup else ()
+    pytest_args = [*selection, *tier.pytest_args]
+    if pytest_args:
+        args += ["--", *pytest_args]
+    return args
+
+
+def display_command(tier: Tier, mode: str | None) -> str:
+    """The exact command a person runs from the repository root to run this tier."""
+    if tier.kind is TierKind.command:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in tier.env.items())
+        return (env + " " if env else "") + shlex.join(tier.argv)
+    return shlex.join([PROG, *runner_args(tier, mode)])
+
+
+def runner_env() -> dict[str, str]:
+    """The environment for the runner: ours, unfiltered.
+
+    Unlike a probe, the runner must see everything the user set: SANDBOX_CONFORMANCE_* (mode,
+    deployment signature, cgroup root), DOCKER_HOST, XDG_RUNTIME_DIR. Filtering them would hide a
+    deployment signature from the guard, the false negative the guard exists to prevent. The runner
+    builds minimal environments for what it launches itself."""
+    env = dict(os.environ)
+    # Our own packages must be importable from the tier's working directory (the user's repository)
+    # even when sandbox-conformance runs from a checkout rather than an installed distribution.
+    here = str(Path(__file__).resolve().parent.parent)
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if here not in parts:
+        env["PYTHONPATH"] = os.pathsep.join([here, *parts])
+    return env
+
+
+def runner_argv(tier: Tier, mode: str | None) -> list[str]:
+    # -P: do not put the working directory (the user's repository) first on sys.path, so a
+    # top-level `runners` or `probes` package of theirs cannot shadow ours (python(1), 3.11+).
+    return [sys.executable, "-P", "-m", "runners.cli", *runner_args(tier, mode)]
+
+
+def _tail(done: Completed) -> tuple[str, ...]:
+    lines = (done.stdout.rstrip("\n").splitlines() if done.stdout.strip() else []) + \
+            (done.stderr.rstrip("\n").splitlines() if done.stderr.strip() else [])
+    return tuple(lines[-TAIL_LINES:])
+
+
+def parse_runner_stderr(stderr: str) -> tuple[str | None, tuple[str, ...], str | None]:
+    """(refusal reason, ways on, last verdict line) from the runner's stderr."""
+    reason: str | None = None
+    ways: list[str] = []
+    verdict: str | None = None
+    for line in stderr.splitlines():
+        if line.startswith(REFUSED_PREFIX) and reason is None:
+            reason = line[len(REFUSED_PREFIX):].strip()
+            continue
+        # `  way on: X` (runners/cli.py) or `sandbox-conformance run:   way on: X` (run_cmd's own lines).
+        body = line.removeprefix(RUN_PREFIX).strip()
+        if body.startswith(WAY_ON) and reason is not None:
+            ways.append(body[len(WAY_ON):].strip())
+        elif line.startswith(VERDICT_PREFIX) and line[len(VERDICT_PREFIX):].split(" ", 1)[0] in (
+                "PASS", "FAIL", "REFUSED", "ERROR"):
+            verdict = line.strip()
+    return reason, tuple(ways), verdict
+
+
+def classify_runner(done: Completed) -> TierResult:
+    """Pure: the runner's Completed -> the tier's result. Anything but exit 0 is not green."""
+    reason, ways, verdict = parse_runner_stderr(done.stderr)
+    common = {"runner_verdict": verdict, "exit_code": done.returncode, "seconds": done.seconds}
+    if done.timed_out:
+        return TierResult(Outcome.error, f"the runner timed out after {done.seconds:.0f}s and was killed",
+                          output_tail=_tail(done), **common)
+    if done.not_found:
+        return TierResult(Outcome.refused, f"could not start the runner: {done.stderr.strip()}", **common)
+    last = done.stderr_tail(1) or f"exit {done.returncode}"
+    match done.returncode:
+        case 0:
+            return TierResult(Outcome.passed, verdict or "the runner exited 0", **common)
+        case 1:
+            return TierResult(Outcome.failed, verdict or last, output_tail=_tail(done), **common)
+        case 75:
+            return TierResult(Outcome.refused, reason or last, ways, **common)
+        case 2:
+            return TierResult(Outcome.usage, f"the runner rejected the tier's options: {last}",
+                              output_tail=_tail(done), **common)
+        case _:
+            return TierResult(Outcome.error, f"the runner exited {done.returncode}: {last}",
+                              output_tail=_tail(done), **common)
+
+
+def run_runner_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = run) -> TierResult:
+    if tier.kind is TierKind.cgroup and CGROUP_SELECTION is None:
+        return TierResult(Outcome.refused,
+                          "this version of sandbox-conformance ships no cgroup witnesses yet, so the cgroup "
+                          "tier cannot run anywhere with it",
+                          ("upgrade sandbox-conformance to a version with the cgroup witnesses",
+                           "or declare the tier as kind = \"witness\" or \"command\" until then"))
+    done = runner(runner_argv(tier, mode), timeout=tier.timeout, env=runner_env(), cwd=str(root))
+    return classify_runner(done)
+
+
+# --- command tiers -------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Gate:
+    """The runner's decision for this host, reduced to what a command tier needs."""
+    mode: str | None            # "native" / "container"; None when refused
+    reasons: tuple[str, ...]
+    ways_on: tuple[str, ...] = ()
+
+
+GateFn = Callable[[str | None], Gate]
+
+
+@functools.lru_cache(maxsize=4)
+def runner_gate(mode: str | None) -> Gate:
+    """The one place a command tier asks the runner whether this host may run a sandbox.
+
+    Calls the runner's pure decision over the same probes `sandbox-conformance run` collects, so a
+    command tier is refused exactly where a witness tier would be (inside a sandbox, on a deployment
+    host under auto, ...)."""
+    from probes.collect import collect
+    from probes.host import Host
+    from runners.decide import NEEDED, Mode, Request, decide
+
+    wanted = mode or os.environ.get("SANDBOX_CONFORMANCE_MODE") or "auto"
+    try:
+        request_mode = Mode(wanted)
+    except ValueError:
+        return Gate(None, (f"unknown mode {wanted!r} (expected auto, native or container)",))
+    decision = decide(Request(mode=request_mode), collect(Host(), list(NEEDED)))
+    if decision.refused:
+        return Gate(None, decision.reasons, decision.ways_on)
+    return Gate(str(decision.mode), decision.reasons)
+
+
+def command_env(tier: Tier) -> dict[str, str]:
+    # The user's own command, run as if they had typed it: their environment, plus the tier's env.
+    return {**os.environ, **tier.env}
+
+
+def run_command_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = run,
+                     gate: GateFn = runner_gate) -> TierResult:
+    g = gate(mode)
+    if g.mode is None:
+        reason = g.reasons[0] if g.reasons else "the runner refused"
+        return TierResult(Outcome.refused, reason, g.ways_on)
+    if g.mode != "native":
+        # A command of the user's runs their sandbox on this host; a container decision means native
+        # is not possible here (or was not asked for), so the command would test nothing we can vouch for.
+        return TierResult(Outcome.refused,
+                          f"the runner would only run in a container here ({'; '.join(g.reasons)}), "
+                          "and a command tier runs on this host",
+                          ("run the command on a host where `sandbox-conformance run --print-mode` "
+                           "says native",
+                           "or --mode native to mean it here"))
+    done = runner(tier.argv, timeout=tier.timeout, env=command_env(tier), cwd=str(root))
+    return classify_command(done)
+
+
+def classify_command(done: Completed) -> TierResult:
+    common = {"exit_code": done.returncode, "seconds": done.seconds}
+    if done.not_found:
+        return TierResult(Outcome.refused, f"the command cannot start on this host: {done.stderr.strip()}",
+                          ("install what it needs, or run it where it is installed",), **common)
+    if done.timed_out:
+        return TierResult(Outcome.error, f"the command timed out after {done.seconds:.0f}s and was killed",
+                          output_tail=_tail(done), **common)
+    if done.returncode == 0:
+        return TierResult(Outcome.passed, "the command exited 0", **common)
+    return TierResult(Outcome.failed, f"the command exited {done.returncode}", output_tail=_tail(done),
+                      **common)
+
+
+def run_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = run,
+             gate: GateFn = runner_gate) -> TierResult:
+    if tier.kind is TierKind.command:
+        return run_command_tier(tier, root, mode, runner, gate)
+    return run_runner_tier(tier, root, mode, runner)
+

@@ -1,0 +1,593 @@
+"""`sandbox-conformance mr-check`: pure parts as tables, then the command end to end on temporary
+git repositories (real git, the real runner, real refusals: a deployment signature whose config
+path exists, and a run nested inside `bwrap --unshare-user --disable-userns`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from probes.run import Completed, minimal_env, run
+from runners import mr_tiers
+from runners.mr_config import ConfigError, MissingConfig, Tier, TierKind, load, parse
+from runners.mr_git import Change, Source, Status, collect
+from runners.mr_globs import GlobError, compile_glob, matches
+from runners.mr_report import plan
+from runners.mr_tiers import Gate, Outcome, TierResult, classify_runner, parse_runner_stderr, run_tier
+
+REPO = Path(__file__).resolve().parent.parent
+CLI_TIMEOUT = 900.0
+
+# --- globs ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("pattern", "path", "expected"), [
+    ("src/sandbox/**", "src/sandbox/a.py", True),
+    ("src/sandbox/**", "src/sandbox/deep/er/a.py", True),
+    ("src/sandbox/**", "src/sandbox", False),          # the directory name alone is not below it
+    ("src/sandbox/", "src/sandbox/x", True),           # trailing slash: everything below
+    ("src/*.py", "src/a.py", True),
+    ("src/*.py", "src/deep/a.py", False),              # `*` never crosses `/` (fnmatch's would)
+    ("*.py", "a.py", True),
+    ("*.py", "src/a.py", False),                       # anchored at the root
+    ("**/*.py", "a.py", True),                         # `**/` matches zero components
+    ("**/*.py", "x/y/a.py", True),
+    ("deploy/**/launch.sh", "deploy/launch.sh", True),
+    ("deploy/**/launch.sh", "deploy/a/b/launch.sh", True),
+    ("deploy/**/launch.sh", "deploy/a/b/launch.shx", False),
+    ("deploy/bwrap/?.py", "deploy/bwrap/a.py", True),
+    ("deploy/bwrap/?.py", "deploy/bwrap/ab.py", False),
+    ("seccomp/[ab].json", "seccomp/b.json", True),
+    ("seccomp/[!ab].json", "seccomp/b.json", False),
+    ("seccomp/[!ab].json", "seccomp/c.json", True),
+    ("/profile.toml", "profile.toml", True),           # a leading slash is the root
+    ("a+b(c).toml", "a+b(c).toml", True),              # regex metacharacters are literal
+    ("a+b(c).toml", "aab(c).toml", False),
+    ("**", "anything/at/all", True),
+])
+def test_a_glob_matches_repository_paths_component_by_component(pattern: str, path: str,
+                                                                 expected: bool) -> None:
+    assert matches(pattern, path) is expected
+
+
+@pytest.mark.parametrize("pattern", ["", "  ", "/", "src//x", "src/../x", "./x", "x/[ab"])
+def test_a_malformed_glob_is_rejected(pattern: str) -> None:
+    with pytest.raises(GlobError):
+        compile_glob(pattern)
+
+
+# --- configuration --------------------------------------------------------------------------------
+
+GOOD = {"tool": {"sandbox-conformance": {"tiers": [
+    {"name": "w", "globs": ["src/**"], "run": {"kind": "witness", "profile": "p.toml", "launcher": "./l.sh"}},
+    {"name": "c", "globs": ["x"], "run": {"kind": "command", "argv": ["make", "check"], "env": {"A": "1"}},
+     "timeout": 60},
+]}}}
+
+
+def test_a_valid_configuration_parses_into_tiers() -> None:
+    cfg = parse(GOOD, Path("pyproject.toml"), whole_file=False)
+    w, c = cfg.tiers
+    assert (w.name, w.kind, w.globs, w.profile, w.launcher) == ("w", TierKind.witness, ("src/**",), "p.toml",
+                                                                  "./l.sh")
+    assert (c.kind, c.argv, dict(c.env), c.timeout) == (TierKind.command, ("make", "check"), {"A": "1"}, 60.0)
+
+
+def _with_tier(**tier: object) -> dict[str, object]:
+    base: dict[str, object] = {"name": "t", "globs": ["src/**"], "run": {"kind": "witness"}}
+    base.update(tier)
+    return {"tool": {"sandbox-conformance": {"tiers": [base]}}}
+
+
+@pytest.mark.parametrize(("doc", "key", "expected"), [
+    (_with_tier(globs=[]), "tiers[0].globs", "at least one"),
+    (_with_tier(globs="src/**"), "tiers[0].globs", "list of non-empty strings"),
+    (_with_tier(globs=["src/[x"]), "tiers[0].globs[0]", "unclosed"),
+    (_with_tier(name=""), "tiers[0].name", "non-empty string"),
+    (_with_tier(globz=["x"]), "tiers[0].globz", "unknown key"),
+    (_with_tier(run={"kind": "vm"}), "tiers[0].run.kind", "witness, cgroup, command"),
+    (_with_tier(run={"kind": "witness", "profle": "x"}), "tiers[0].run.profle", "unknown key"),
+    (_with_tier(run={"kind": "command"}), "tiers[0].run.argv", "missing"),
+    (_with_tier(run={"kind": "command", "argv": []}), "tiers[0].run.argv", "at least one"),
+    (_with_tier(run={"kind": "command", "argv": ["x"], "env": {"A": 1}}), "tiers[0].run.env",
+     "string values"),
+    (_with_tier(run={"kind": "witness", "require": "yes"}), "tiers[0].run.require", "true or false"),
+    (_with_tier(timeout=0), "tiers[0].timeout", "positive"),
+    (_with_tier(run="witness"), "tiers[0].run", "expected a table"),
+    ({"tool": {"sandbox-conformance": {"tiers": []}}}, "tiers", "non-empty array"),
+    ({"tool": {"sandbox-conformance": {"tiers": [{"name": "t", "globs": ["a"],
+                                                  "run": {"kind": "witness"}}] * 2}}},
+     "tiers[1].name", "duplicate"),
+])
+def test_a_bad_configuration_is_one_line_naming_file_key_and_expectation(doc: dict, key: str,
+                                                                          expected: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse(doc, Path("/r/pyproject.toml"), whole_file=False)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith("/r/pyproject.toml: ")
+    assert key in msg
+    assert expected in msg
+
+
+def test_no_table_names_what_to_add(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    with pytest.raises(MissingConfig, match=r"add \[\[tool\.sandbox-conformance\.tiers\]\]"):
+        load(tmp_path, None)
+    with pytest.raises(MissingConfig, match="no such file"):
+        load(tmp_path / "nowhere", None)
+
+
+def test_a_config_file_may_hold_the_tiers_at_its_top_level(tmp_path: Path) -> None:
+    f = tmp_path / "mr.toml"
+    f.write_text('[[tiers]]\nname = "t"\nglobs = ["a/**"]\nrun = { kind = "cgroup" }\n')
+    assert load(tmp_path, f).tiers[0].kind is TierKind.cgroup
+    with pytest.raises(ConfigError, match=r"--config .*: no such file"):
+        load(tmp_path, tmp_path / "missing.toml")
+    f.write_text("tiers = [")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load(tmp_path, f)
+
+
+def test_git_z_output_is_parsed_without_quoting_or_splitting_paths() -> None:
+    from runners.mr_git import parse_diff_z, parse_status_z
+    diff = "M\0a b.py\0R087\0old\nname\0new name\0D\0gone\0"
+    assert parse_diff_z(diff) == [
+        Change("a b.py", Status.modified, Source.committed),
+        Change("new name", Status.renamed, Source.committed, "old\nname"),
+        Change("gone", Status.deleted, Source.committed)]
+    status = "RM new\0old\0 D wt-deleted\0UU both\0?? fresh dir/f\0A  staged\0"
+    assert parse_status_z(status) == [
+        Change("new", Status.renamed, Source.uncommitted, "old"),
+        Change("wt-deleted", Status.deleted, Source.uncommitted),
+        Change("both", Status.unmerged, Source.uncommitted),
+        Change("fresh dir/f", Status.untracked, Source.untracked),
+        Change("staged", Status.added, Source.uncommitted)]
+
+
+# --- the runner's answer -> a tier result ---------------------------------------------------------
+
+def _done(rc: int | None, stderr: str = "", stdout: str = "", **kw: object) -> Completed:
+    return Completed(("x",), rc, stdout, stderr, 1.5, **kw)  # type: ignore[arg-type]
+
+
+REFUSAL = textwrap.dedent("""\
+    sandbox-conformance run: refused: this is a deployment host (signature matched: config:/etc/agentd.toml)
+    sandbox-conformance run:   because: deployment: detected
+    sandbox-conformance run:   way on: --mode container: run the suite in a privileged container on this host
+    sandbox-conformance run:   way on: --mode native: run it natively here, meaning it
+    sandbox-conformance: REFUSED mode=auto exit=75 time=0.4s
+""")
+
+
+@pytest.mark.parametrize(("done", "outcome"), [
+    (_done(0, "sandbox-conformance: PASS mode=native exit=0 time=3.1s\n"), Outcome.passed),
+    (_done(1, "sandbox-conformance: FAIL mode=native exit=1 time=3.1s\n"), Outcome.failed),
+    (_done(75, REFUSAL), Outcome.refused),
+    (_done(2, "sandbox-conformance run: --profile p.toml: no such file\n"), Outcome.usage),
+    (_done(None, timed_out=True), Outcome.error),
+    (_done(-9), Outcome.error),
+    (_done(127, "python: not found", not_found=True), Outcome.refused),
+])
+def test_only_exit_zero_from_the_runner_is_green(done: Completed, outcome: Outcome) -> None:
+    assert classify_runner(done).outcome is outcome
+
+
+def test_a_refusal_keeps_the_runners_reason_and_each_way_on() -> None:
+    reason, ways, verdict = parse_runner_stderr(REFUSAL)
+    assert reason == "this is a deployment host (signature matched: config:/etc/agentd.toml)"
+    assert ways == ("--mode container: run the suite in a privileged container on this host",
+                    "--mode native: run it natively here, meaning it")
+    assert verdict == "sandbox-conformance: REFUSED mode=auto exit=75 time=0.4s"
+    # The CLI-level form (runners/cli.py prints `  way on:` without the prefix) is read too.
+    assert parse_runner_stderr("sandbox-conformance run: refused: no\n  way on: go\n")[1] == ("go",)
+
+
+@pytest.mark.parametrize(("outcomes", "expected"), [
+    ([], Outcome.passed),
+    ([Outcome.passed, Outcome.passed], Outcome.passed),
+    ([Outcome.passed, Outcome.refused], Outcome.refused),
+    ([Outcome.refused, Outcome.failed], Outcome.failed),
+    ([Outcome.usage, Outcome.refused], Outcome.usage),
+    ([Outcome.error, Outcome.passed], Outcome.error),
+])
+def test_the_overall_verdict_is_never_green_when_a_touched_tier_did_not_pass(outcomes: list[Outcome],
+                                                                             expected: Outcome) -> None:
+    from runners.mr_report import overall
+    assert overall([TierResult(o, "r") for o in outcomes]) is expected
+
+
+def test_a_refused_gate_means_the_command_never_starts(tmp_path: Path) -> None:
+    tier = Tier("c", ("x",), TierKind.command, argv=("true",))
+    calls: list[object] = []
+
+    def runner(argv: object, **kw: object) -> Completed:
+        calls.append(argv)
+        return _done(0)
+
+    refused = run_tier(tier, tmp_path, None, runner,
+                       gate=lambda m: Gate(None, ("inside a sandbox",), ("leave",)))
+    assert (refused.outcome, refused.reason, refused.ways_on, calls) == (Outcome.refused, "inside a sandbox",
+                                                                         ("leave",), [])
+    container = run_tier(tier, tmp_path, None, runner, gate=lambda m: Gate("container", ("no bwrap",)))
+    assert container.outcome is Outcome.refused and "container" in container.reason and calls == []
+    ran = run_tier(tier, tmp_path, None, runner, gate=lambda m: Gate("native", ("ok",)))
+    assert ran.outcome is Outcome.passed and calls == [("true",)]
+
+
+def test_the_handover_names_files_tier_command_and_why_in_every_format() -> None:
+    from runners.mr_git import Changes
+    from runners.mr_report import Format, Report, render
+    tier = Tier("cmd|pipe", ("src/**",), TierKind.command, argv=("sh", "-c", "a | b"))
+    moved = Change("src/new.py", Status.renamed, Source.committed, "lib/old.py")
+    changes = Changes(Path("/r"), "main", "b" * 40, "m" * 40, "h" * 40, (moved,))
+    report = Report(changes, Path("/r/pyproject.toml"), None, plan([tier], [moved]),
+                    (TierResult(Outcome.refused, "inside a sandbox", ("run it on the host",)),))
+    text = render(report, Format.text)
+    assert 'src/new.py (renamed from lib/old.py) touch the sandbox' in text
+    assert 'tier "cmd|pipe"' in text and "sh -c 'a | b'" in text
+    assert "inside a sandbox (ways on: run it on the host)" in text
+    assert "sandbox-conformance mr-check --base main" in text
+    md = render(report, Format.markdown)
+    assert "| REFUSED | `cmd\\|pipe` | `sh -c 'a \\| b'` |" in md  # a `|` would end the table cell
+    assert "```sh\nsh -c 'a | b'\n```" in md                       # but not inside the code block
+    doc = json.loads(render(report, Format.json))
+    assert doc["tiers"][0]["files"][0]["old_path"] == "lib/old.py" and doc["exit"] == 75
+
+
+# --- temporary git repositories ---------------------------------------------------------------------
+
+def git(repo: Path, *args: str) -> str:
+    env = minimal_env({"LC_ALL": "C", "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(repo)})
+    done = run(["git", *args], timeout=60, env=env, cwd=str(repo))
+    assert done.ok, f"git {' '.join(args)}: {done.stderr}"
+    return done.stdout
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def pyproject(tiers: str) -> str:
+    return "[project]\nname = \"demo\"\nversion = \"0\"\n\n" + textwrap.dedent(tiers)
+
+
+CHECK_TIER = """\
+[[tool.sandbox-conformance.tiers]]
+name = "sandbox-check"
+globs = ["src/sandbox/**", "deploy/bwrap/*.py"]
+run = { kind = "command", argv = ["sh", "tools/check.sh"], env = { MARK = "%s" } }
+"""
+
+
+def make_repo(root: Path, tiers: str, *, check_exit: int = 0) -> Path:
+    """main with a sandbox tree and unrelated files; HEAD on a feature branch at the same commit."""
+    root.mkdir()
+    git(root, "init", "-q", "-b", "main")
+    git(root, "config", "user.email", "t@example.invalid")
+    git(root, "config", "user.name", "t")
+    write(root / "pyproject.toml", pyproject(tiers))
+    write(root / "src/sandbox/launch.py", "print('launch')\n" * 5)
+    write(root / "src/sandbox/seccomp.json", '{"default": "kill"}\n' * 5)
+    write(root / "deploy/bwrap/args.py", "ARGS = ['--unshare-all']\n" * 5)
+    write(root / "docs/guide.md", "# guide\n")
+    write(root / "docs/manual.md", "a long manual line that rename detection can follow\n" * 20)
+    # The command tier: prints, leaves a mark proving it ran, exits as told.
+    write(root / "tools/check.sh", f'echo "checked from $(pwd)"; touch "$MARK"; exit {check_exit}\n')
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "init")
+    git(root, "checkout", "-q", "-b", "feature")
+    return root
+
+
+def mr_check(repo: Path, *args: str, env: dict[str, str] | None = None,
+             prefix: tuple[str, ...] = ()) -> Completed:
+    # The user's environment, as a person typing the command would have it; our checkout importable.
+    full = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    for key in ("SANDBOX_CONFORMANCE_MODE", "SANDBOX_CONFORMANCE_DEPLOYMENT_CONFIG"):
+        if env is None or key not in env:
+            full.pop(key, None)
+    return run([*prefix, sys.executable, "-P", "-m", "runners.cli", "mr-check", *args],
+               timeout=CLI_TIMEOUT, env=full, cwd=str(repo))
+
+
+@pytest.fixture
+def mark(tmp_path: Path) -> Path:
+    return tmp_path / "check-ran"
+
+
+def test_an_untouched_change_exits_zero_with_one_line(tmp_path: Path, mark: Path) -> None:
+    repo = make_repo(tmp_path / "r", CHECK_TIER % mark)
+    write(repo / "docs/guide.md", "# guide\nmore\n")
+    git(repo, "commit", "-qam", "docs")
+    write(repo / "docs/new.md", "untracked\n")
+    done = mr_check(repo)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, done.stdout
+    assert "not sandbox-touching" in lines[0] and "2 changed paths since main" in lines[0]
+    assert not mark.exists()
+    doc = json.loads(mr_check(repo, "--format", "json").stdout)
+    assert (doc["touched"], doc["verdict"], doc["exit"], doc["tiers"]) == (False, "NOT_TOUCHING", 0, [])
+    md = mr_check(repo, "--format", "markdown")
+    assert md.returncode == 0 and len(md.stdout.splitlines()) == 1 and "not sandbox-touching" in md.stdout
+    # From a subdirectory, or with -C, the same repository and the same answer.
+    assert mr_check(repo / "docs").stdout == done.stdout
+    assert mr_check(tmp_path, "-C", str(repo / "src")).stdout == done.stdout
+
+
+def test_renames_deletions_uncommitted_and_untracked_paths_all_count(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "r", CHECK_TIER % "/dev/null")
+    git(repo, "mv", "src/sandbox/launch.py", "src/launcher.py")          # renamed OUT of the sandbox tree
+    git(repo, "rm", "-q", "deploy/bwrap/args.py")                        # deleted
+    git(repo, "commit", "-q", "-m", "move")
+    write(repo / "src/sandbox/seccomp.json", '{"default": "allow"}\n')   # uncommitted edit
+    write(repo / "src/sandbox/new/profile.toml", "x = 1\n")              # untracked, in a new directory
+    write(repo / "docs/guide.md", "# unrelated\n")
+    changes = collect(repo, None)
+    assert changes.base == "main"
+    by_path = {c.path: c for c in changes.changes}
+    assert by_path["src/launcher.py"] == Change("src/launcher.py", Status.renamed, Source.committed,
+                                                "src/sandbox/launch.py")
+    assert by_path["deploy/bwrap/args.py"].status is Status.deleted
+    assert (by_path["src/sandbox/seccomp.json"].status, by_path["src/sandbox/seccomp.json"].source) == (
+        Status.modified, Source.uncommitted)
+    assert by_path["src/sandbox/new/profile.toml"].source is Source.untracked
+    [p] = plan(load(repo, None).tiers, changes.changes)
+    assert sorted(h.change.path for h in p.hits) == [
+        "deploy/bwrap/args.py", "src/launcher.py", "src/sandbox/new/profile.toml", "src/sandbox/seccomp.json"]
+    # A rename INTO the tree counts by its new path, through the CLI too (JSON lists both sides).
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "rest")
+    git(repo, "mv", "docs/manual.md", "src/sandbox/manual.md")
+    git(repo, "commit", "-q", "-m", "into")
+    assert any(h.change.path == "src/sandbox/manual.md" and h.change.old_path == "docs/manual.md"
+               for h in plan(load(repo, None).tiers, collect(repo, None).changes)[0].hits)
+
+
+def test_the_default_base_is_origin_head_in_a_clone(tmp_path: Path) -> None:
+    upstream = make_repo(tmp_path / "up", CHECK_TIER % "/dev/null")
+    git(upstream, "checkout", "-q", "main")
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(upstream), str(clone))
+    git(clone, "config", "user.email", "t@example.invalid")
+    git(clone, "config", "user.name", "t")
+    git(clone, "checkout", "-q", "-b", "topic")
+    write(clone / "docs/x.md", "x\n")
+    git(clone, "add", "-A")
+    git(clone, "commit", "-q", "-m", "x")
+    changes = collect(clone, None)
+    assert changes.base == "origin/main"
+    assert [c.path for c in changes.changes] == ["docs/x.md"]
+
+
+def _one_line_exit_2(done: Completed) -> str:
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    return lines[0]
+
+
+def test_a_bad_base_is_exit_2_with_one_line(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "r", CHECK_TIER % "/dev/null")
+    line = _one_line_exit_2(mr_check(repo, "--base", "no-such-branch"))
+    assert "unknown base 'no-such-branch'" in line
+    # Unrelated history: a base with no merge-base with HEAD.
+    git(repo, "checkout", "-q", "--orphan", "island")
+    git(repo, "commit", "-q", "-m", "island")
+    line = _one_line_exit_2(mr_check(repo, "--base", "main"))
+    assert "no merge-base" in line
+
+
+def test_not_a_git_repository_is_exit_2_with_one_line(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    write(plain / "pyproject.toml", pyproject(CHECK_TIER % "/dev/null"))
+    assert "not a git repository" in _one_line_exit_2(mr_check(plain))
+
+
+def test_a_repository_with_no_default_branch_asks_for_a_base(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "r", CHECK_TIER % "/dev/null")
+    git(repo, "branch", "-q", "-m", "main", "trunk")
+    assert "pass --base REV" in _one_line_exit_2(mr_check(repo))
+    assert mr_check(repo, "--base", "trunk").returncode == 0
+
+
+def test_a_missing_configuration_is_exit_2_naming_what_to_add(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "r", "")
+    line = _one_line_exit_2(mr_check(repo))
+    assert "[[tool.sandbox-conformance.tiers]]" in line and "pyproject.toml" in line
+    assert "--config" in _one_line_exit_2(mr_check(repo, "--config", str(tmp_path / "nope.toml")))
+    write(repo / "pyproject.toml", pyproject(CHECK_TIER.replace("globs", "globz") % "/dev/null"))
+    assert "globz: unknown key" in _one_line_exit_2(mr_check(repo))
+    write(repo / "pyproject.toml",
+          pyproject(WITNESS_TIER.replace('"witness"', '"witness", profile = "no.toml"')))
+    assert "run.profile: no.toml: no such file" in _one_line_exit_2(mr_check(repo))
+
+
+# --- runs: the command tier and the witness tier, through the runner's decision -------------------------
+
+def _gate_or_skip() -> Gate:
+    """Skip (with the runner's reason) where this host may not run a sandbox at all."""
+    gate = mr_tiers.runner_gate(None)
+    if gate.mode != "native":
+        pytest.skip(f"the runner would not run natively here: {'; '.join(gate.reasons)}")
+    return gate
+
+
+def test_a_touched_change_runs_its_command_tier_and_reports_pass_with_the_files(tmp_path: Path,
+                                                                               mark: Path) -> None:
+    _gate_or_skip()
+    repo = make_repo(tmp_path / "r", CHECK_TIER % mark)
+    git(repo, "mv", "src/sandbox/launch.py", "src/sandbox/run.py")
+    git(repo, "commit", "-q", "-m", "rename")
+    done = mr_check(repo)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert mark.exists()  # it really ran
+    assert f"PASS     sandbox-check: MARK={mark} sh tools/check.sh" in done.stdout
+    assert "src/sandbox/run.py (renamed from src/sandbox/launch.py)" in done.stdout
+    assert done.stdout.rstrip().endswith("sandbox-conformance mr-check: PASS (0)")
+    assert "Handover" not in done.stdout
+
+
+def test_a_red_command_tier_is_exit_1_with_its_output(tmp_path: Path, mark: Path) -> None:
+    _gate_or_skip()
+    repo = make_repo(tmp_path / "r", CHECK_TIER % mark, check_exit=1)
+    write(repo / "deploy/bwrap/args.py", "ARGS = []\n")
+    done = mr_check(repo, "--format", "json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    [tier] = doc["tiers"]
+    assert (doc["verdict"], tier["outcome"], tier["exit_code"]) == ("FAIL", "FAIL", 1)
+    [f] = tier["files"]
+    assert (f["path"], f["globs"]) == ("deploy/bwrap/args.py", ["deploy/bwrap/*.py"])
+    assert f"checked from {repo}" in tier["output_tail"]
+    assert doc["handover"] is None
+
+
+WITNESS_TIER = """\
+[[tool.sandbox-conformance.tiers]]
+name = "witness-reference"
+globs = ["src/sandbox/**"]
+run = { kind = "witness" }
+"""
+
+
+def _witness_suite_or_skip() -> None:
+    try:
+        import conformance.cli  # noqa: F401
+    except ModuleNotFoundError as e:
+        pytest.skip(f"the witness suite is not in this checkout: {e}")
+
+
+def test_a_touched_change_runs_the_witness_tier_through_the_runner(tmp_path: Path) -> None:
+    _witness_suite_or_skip()
+    _gate_or_skip()
+    repo = make_repo(tmp_path / "r", WITNESS_TIER)
+    write(repo / "src/sandbox/launch.py", "changed\n")
+    done = mr_check(repo)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASS     witness-reference: sandbox-conformance run" in done.stdout
+    assert "runner: sandbox-conformance: PASS mode=native exit=0" in done.stdout
+
+
+def test_a_witness_tier_whose_sandbox_breaks_its_promises_is_exit_1(tmp_path: Path) -> None:
+    _witness_suite_or_skip()
+    _gate_or_skip()
+    # A "launcher" that sandboxes nothing: `env python3 -I -S -` runs the witness program on the host,
+    # so the reference promises (masks, read-only control dir, no network) are visibly broken.
+    repo = make_repo(tmp_path / "r", WITNESS_TIER.replace('{ kind = "witness" }',
+                                                          '{ kind = "witness", launcher = "env" }'))
+    write(repo / "src/sandbox/launch.py", "changed\n")
+    done = mr_check(repo, "--format", "json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    [tier] = doc["tiers"]
+    assert (doc["verdict"], tier["outcome"], tier["exit_code"]) == ("FAIL", "FAIL", 1)
+    assert tier["runner_verdict"].startswith("sandbox-conformance: FAIL mode=native exit=1")
+    assert tier["command"] == "sandbox-conformance run --launcher env"
+    assert doc["handover"] is None
+
+
+# --- refusals: the tier cannot run here -> 75 and a handover ----------------------------------------------
+
+@pytest.fixture
+def deployment_signature(tmp_path: Path) -> dict[str, str]:
+    """A deployment signature whose config path exists: the runner's auto mode must refuse here."""
+    present = write(tmp_path / "etc/agentd/config.toml", "x = 1\n")
+    sig = write(tmp_path / "deployment.toml", f'[deployment]\nconfig_paths = ["{present}"]\n')
+    return {"SANDBOX_CONFORMANCE_DEPLOYMENT_CONFIG": str(sig)}
+
+
+def _assert_handover(text: str, *, files: list[str], tier: str, command: str, why: str) -> None:
+    for f in files:
+        assert f in text, (f, text)
+    assert tier in text and command in text and why in text, text
+
+
+def test_a_refused_witness_tier_is_75_with_a_handover(tmp_path: Path,
+                                                      deployment_signature: dict[str, str]) -> None:
+    repo = make_repo(tmp_path / "r", WITNESS_TIER)
+    write(repo / "src/sandbox/seccomp.json", "{}\n")
+    write(repo / "src/sandbox/extra.py", "x\n")
+    done = mr_check(repo, env=deployment_signature)
+    assert done.returncode == 75, done.stdout + done.stderr
+    out = done.stdout
+    assert "REFUSED  witness-reference" in out
+    hand = out.split("Handover (paste into the merge request):", 1)[1]
+    _assert_handover(hand, files=["src/sandbox/seccomp.json (modified, uncommitted)",
+                                  "src/sandbox/extra.py (untracked)"],
+                     tier='tier "witness-reference"', command="sandbox-conformance run",
+                     why="deployment host")
+    assert "--mode container" in hand and "--mode native" in hand  # the runner's ways on, kept
+    assert "sandbox-conformance mr-check --base main" in hand
+    assert out.rstrip().endswith("sandbox-conformance mr-check: REFUSED (75)")
+
+    md = mr_check(repo, "--format", "markdown", env=deployment_signature)
+    assert md.returncode == 75
+    _assert_handover(md.stdout, files=["`src/sandbox/seccomp.json` (modified, uncommitted)"],
+                     tier="`witness-reference`", command="```sh\nsandbox-conformance run\n```",
+                     why="deployment host")
+    doc = json.loads(mr_check(repo, "--format", "json", env=deployment_signature).stdout)
+    assert (doc["verdict"], doc["exit"], doc["tiers"][0]["outcome"]) == ("REFUSED", 75, "REFUSED")
+    assert "deployment host" in doc["tiers"][0]["reason"] and "deployment host" in doc["handover"]
+    # Meaning it: the same change under an explicit --mode native is not refused by the deployment guard.
+    assert "--mode native" in doc["tiers"][0]["ways_on"][1]
+
+
+def test_a_refused_command_tier_never_runs_the_command(tmp_path: Path, mark: Path,
+                                                       deployment_signature: dict[str, str]) -> None:
+    repo = make_repo(tmp_path / "r", CHECK_TIER % mark)
+    write(repo / "src/sandbox/launch.py", "changed\n")
+    done = mr_check(repo, env=deployment_signature)
+    assert done.returncode == 75, done.stdout + done.stderr
+    assert not mark.exists()
+    hand = done.stdout.split("Handover (paste into the merge request):", 1)[1]
+    _assert_handover(hand, files=["src/sandbox/launch.py (modified, uncommitted)"],
+                     tier='tier "sandbox-check"', command="MARK=", why="deployment host")
+    assert "sh tools/check.sh" in hand
+    # The same modes as the runner: an explicit --mode native means it, and the command runs.
+    meant = mr_check(repo, "--mode", "native", env=deployment_signature)
+    assert meant.returncode == 0, meant.stdout + meant.stderr
+    assert mark.exists()
+
+
+def test_nested_in_a_sandbox_every_tier_is_handed_over(tmp_path: Path, mark: Path, root_only: None,
+                                                       bwrap_path: str) -> None:
+    repo = make_repo(tmp_path / "r", (CHECK_TIER % mark) + "\n" + WITNESS_TIER)
+    write(repo / "src/sandbox/launch.py", "changed\n")
+    # The whole host read-only, nested user namespaces disabled: what an agent's task sees.
+    prefix = (bwrap_path, "--unshare-user", "--disable-userns", "--ro-bind", "/", "/", "--dev", "/dev",
+              "--proc", "/proc", "--chdir", str(repo))
+    done = mr_check(repo, prefix=prefix)
+    assert done.returncode == 75, done.stdout + done.stderr
+    assert not mark.exists()
+    assert "REFUSED  sandbox-check" in done.stdout and "REFUSED  witness-reference" in done.stdout
+    hand = done.stdout.split("Handover (paste into the merge request):", 1)[1]
+    assert hand.count("running inside a sandbox") == 2, hand
+
+
+def test_a_cgroup_tier_without_cgroup_witnesses_is_handed_over_not_green(tmp_path: Path) -> None:
+    if mr_tiers.CGROUP_SELECTION is not None:
+        pytest.skip("this version ships cgroup witnesses: the tier runs (covered by the runner's tests)")
+    repo = make_repo(tmp_path / "r", """\
+        [[tool.sandbox-conformance.tiers]]
+        name = "cgroup-limits"
+        globs = ["deploy/**"]
+        run = { kind = "cgroup" }
+        """)
+    git(repo, "rm", "-q", "deploy/bwrap/args.py")
+    done = mr_check(repo)
+    assert done.returncode == 75, done.stdout + done.stderr
+    assert "deploy/bwrap/args.py (deleted, uncommitted)" in done.stdout
+    assert "no cgroup witnesses" in done.stdout
+
