@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import os
 import signal
 import subprocess
@@ -54,10 +56,8 @@ def minimal_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def run(
@@ -85,6 +85,10 @@ def run(
         )
     except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
         return Completed(argv, 127, "", f"{argv[0]}: {e.strerror}", 0.0, not_found=True)
+    except BlockingIOError as e:
+        # fork(2) refused with EAGAIN: RLIMIT_NPROC or pids.max exhausted. A fact about the host,
+        # reported as a failed start, not a crash of whoever asked.
+        return Completed(argv, None, "", f"{argv[0]}: fork: {errno.errorcode[e.errno]}", 0.0)
     try:
         out, err = proc.communicate(input, timeout=timeout)
         # The leader exited; anything it left in its group (a daemonised grandchild) goes too.

@@ -1,0 +1,344 @@
+"""Why did a rung of the user-namespace ladder fail? A PURE decision from independent signals.
+
+bwrap's stderr wording changes between releases, so it is evidence, never the decision: the cause comes
+from what the kernel and the process context say (sysctls, /proc/self/status, the AppArmor label, the
+/proc mount table, limits) plus the errno NAME of the failing step when we have one.
+
+No I/O here: `probes.ladder` gathers `Signals` from a Host and runs the trials; this module turns
+(signals, rung, outcome) into (verdict, cause, reason) and is tested as a table."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from probes.finding import Verdict
+
+
+class Rung(enum.StrEnum):
+    """One probe id per rung, in ladder order."""
+
+    userns = "userns"  # unshare(CLONE_NEWUSER)
+    userns_map = "userns.map"  # setgroups deny + uid_map + gid_map written
+    netns = "netns"  # bwrap --unshare-net, lo up inside
+    pidns_proc = "pidns.proc"  # bwrap --unshare-pid --proc /proc, a fresh procfs for the new pid ns
+    disable_userns = "disable_userns"  # bwrap --disable-userns, nested unshare refused with ENOSPC
+
+
+RUNGS: tuple[Rung, ...] = tuple(Rung)
+BWRAP_RUNGS = frozenset({Rung.netns, Rung.pidns_proc, Rung.disable_userns})
+
+
+class Cause(enum.StrEnum):
+    """`facts["cause"]` ids (the contract in probe-ids.md, plus a few this module adds)."""
+
+    apparmor = "apparmor"
+    unprivileged_userns_clone = "unprivileged_userns_clone"
+    max_user_namespaces = "max_user_namespaces"
+    seccomp = "seccomp"
+    no_cap_sys_admin = "no_cap_sys_admin"
+    masked_proc = "masked_proc"
+    hidepid = "hidepid"
+    nested = "nested"
+    wsl1 = "wsl1"
+    setuid_bwrap = "setuid_bwrap"
+    nproc = "nproc"
+    pids_max = "pids_max"
+    no_bwrap = "no_bwrap"
+    earlier_rung = "earlier_rung"
+    unclassified = "unclassified"
+    # Added by this module:
+    bwrap_too_old = "bwrap_too_old"  # --disable-userns needs bwrap >= 0.8
+    no_kernel_userns = "no_kernel_userns"  # EINVAL and no /proc/self/ns/user: CONFIG_USER_NS=n
+    not_effective = "not_effective"  # the trial ran, but the promise was not kept (lo down, nested allowed)
+    timeout = "timeout"
+    trial_failed = "trial_failed"  # the trial could not run at all (interpreter, setpriv): nothing learnt
+
+
+# What each cause means for the verdict: `denied` is policy (a sysctl, an LSM, a filter, a limit),
+# `unsupported` is the host lacking it, `unknown` is "could not tell" (never read as a pass).
+_VERDICT: dict[Cause, Verdict] = {
+    Cause.apparmor: Verdict.denied,
+    Cause.unprivileged_userns_clone: Verdict.denied,
+    Cause.max_user_namespaces: Verdict.denied,
+    Cause.seccomp: Verdict.denied,
+    Cause.no_cap_sys_admin: Verdict.denied,
+    Cause.masked_proc: Verdict.denied,
+    Cause.hidepid: Verdict.denied,
+    Cause.nested: Verdict.denied,
+    Cause.wsl1: Verdict.unsupported,
+    Cause.setuid_bwrap: Verdict.denied,
+    Cause.nproc: Verdict.denied,
+    Cause.pids_max: Verdict.denied,
+    Cause.no_bwrap: Verdict.unsupported,
+    Cause.bwrap_too_old: Verdict.unsupported,
+    Cause.no_kernel_userns: Verdict.unsupported,
+    Cause.not_effective: Verdict.unsupported,
+    Cause.earlier_rung: Verdict.unknown,
+    Cause.timeout: Verdict.unknown,
+    Cause.trial_failed: Verdict.unknown,
+}
+_DENIED_ERRNOS = frozenset({"EPERM", "EACCES", "ENOSPC", "EAGAIN", "EUSERS"})
+_UNSUPPORTED_ERRNOS = frozenset({"ENOSYS", "EINVAL", "ENOENT", "EOPNOTSUPP", "ENOTSUP"})
+
+# The user-namespace-creating causes: once our own unshare(CLONE_NEWUSER) worked they cannot explain a
+# later rung's failure (seccomp is not among them: Docker's profile also refuses mount/pivot_root,
+# which every bwrap rung needs).
+_USERNS_BLOCKERS = frozenset({Cause.unprivileged_userns_clone, Cause.max_user_namespaces, Cause.nested,
+                              Cause.no_kernel_userns})
+
+# CAP_SYS_ADMIN is capability 21 (<linux/capability.h>).
+CAP_SYS_ADMIN = 21
+
+
+@dataclasses.dataclass(frozen=True)
+class Signals:
+    """Independent facts about the host and the trial's process context. None: could not be read."""
+
+    euid: int = 0
+    cap_eff: int | None = None  # CapEff mask of the process the trial ran as
+    seccomp: int | None = None  # /proc/self/status Seccomp: 0 none, 1 strict, 2 filter
+    no_new_privs: bool | None = None
+    unprivileged_userns_clone: int | None = None  # Debian/Ubuntu patch; None: sysctl absent (mainline)
+    max_user_namespaces: int | None = None  # the LOCAL value (per user namespace)
+    apparmor_restrict: int | None = None  # kernel.apparmor_restrict_unprivileged_userns (Ubuntu 23.10+)
+    apparmor_label: str | None = None
+    userns_initial: bool | None = None  # our user ns is the kernel's initial one (PROC_USER_INIT_INO)
+    kernel_userns: bool | None = None  # /proc/self/ns/user exists
+    proc_masks: tuple[str, ...] = ()  # locked-looking mounts over /proc contents (Docker's masked paths)
+    hidepid: str | None = None  # hidepid= option of the /proc mount
+    wsl: str | None = None  # "1" | "2" | None
+    bwrap_setuid: bool = False
+    nproc_limit: int | None = None  # RLIMIT_NPROC soft limit; None: unlimited or unknown
+    nproc_used: int | None = None  # processes of this uid, when counted
+    pids_max: int | None = None  # tightest pids.max on our cgroup path; None: "max" or no controller
+    pids_current: int | None = None
+    pids_cgroup: str | None = None
+
+    @property
+    def cap_sys_admin(self) -> bool | None:
+        return None if self.cap_eff is None else bool(self.cap_eff >> CAP_SYS_ADMIN & 1)
+
+    @property
+    def pids_exhausted(self) -> bool:
+        return self.pids_max is not None and self.pids_current is not None \
+            and self.pids_current >= self.pids_max
+
+    @property
+    def nproc_exhausted(self) -> bool | None:
+        if self.nproc_limit is None:
+            return False
+        if self.nproc_used is None:
+            return None  # a finite limit we could not compare against
+        return self.nproc_used >= self.nproc_limit
+
+
+class Step(enum.StrEnum):
+    """Where a trial stopped."""
+
+    unshare = "unshare"
+    setgroups = "setgroups"
+    uid_map = "uid_map"
+    gid_map = "gid_map"
+    bwrap = "bwrap"  # bwrap itself failed before our program ran
+    launch = "launch"  # the trial could not be executed at all
+    lo_down = "lo_down"
+    proc_not_fresh = "proc_not_fresh"
+    nested_allowed = "nested_allowed"
+    nested_other = "nested_other"  # nested unshare refused, but not with ENOSPC
+    no_report = "no_report"  # the program ran but printed nothing we could parse
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What one rung's trial did."""
+
+    ok: bool
+    step: Step | None = None
+    errno: str | None = None  # errno NAME of the failing step, when known
+    timed_out: bool = False
+    untried: Cause | None = None  # set when the rung could not be tried at all, and why
+    detail: str = ""  # for the reason: version, interface list, ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Classification:
+    verdict: Verdict
+    cause: Cause | None
+    reason: str
+    also: tuple[Cause, ...] = ()  # weaker causes the signals also support (Docker: seccomp AND masks)
+
+
+_OK_REASON = {
+    Rung.userns: "unshare(CLONE_NEWUSER) worked",
+    Rung.userns_map: "setgroups, uid_map and gid_map written in a new user namespace",
+    Rung.netns: "bwrap --unshare-net ran with lo up inside",
+    Rung.pidns_proc: "bwrap --unshare-pid mounted a fresh procfs for the new pid namespace",
+    Rung.disable_userns: "bwrap --disable-userns ran and a nested unshare(CLONE_NEWUSER) got ENOSPC",
+}
+
+
+def classify(signals: Signals, rung: Rung, outcome: Outcome, *,
+             earlier_failed: Rung | None = None, succeeded: frozenset[Rung] = frozenset()) -> Classification:
+    """(signals, rung, outcome) -> (verdict, cause, reason). `earlier_failed`: the first rung below this
+    one that failed; `succeeded`: rungs whose own trial worked (their blockers are ruled out)."""
+    if outcome.ok:
+        return Classification(Verdict.supported, None, _OK_REASON[rung])
+    if outcome.untried is not None:
+        return Classification(_VERDICT[outcome.untried], outcome.untried,
+                               _untried_reason(outcome.untried, outcome, earlier_failed))
+    if outcome.timed_out:
+        return Classification(Verdict.unknown, Cause.timeout,
+                              f"{rung} trial timed out ({outcome.detail or 'no answer'}); nothing concluded")
+    if outcome.step is Step.nested_allowed:
+        return Classification(Verdict.unsupported, Cause.not_effective,
+                              "bwrap --disable-userns ran but a nested unshare(CLONE_NEWUSER) still worked")
+    if outcome.step is Step.lo_down:
+        return Classification(Verdict.unsupported, Cause.not_effective,
+                              f"bwrap --unshare-net ran but lo was not up inside ({outcome.detail})")
+    if outcome.step is Step.proc_not_fresh:
+        return Classification(Verdict.unsupported, Cause.not_effective,
+                              "bwrap --unshare-pid --proc ran but /proc/self did not resolve to our own pid")
+    if outcome.step in (Step.launch, Step.no_report) and outcome.errno != "EAGAIN":
+        # The trial itself did not run (no interpreter, setpriv refused, nothing printed): that says
+        # nothing about the kernel, so no signal is blamed.
+        return Classification(Verdict.unknown, Cause.trial_failed,
+                              f"{rung} trial did not run{_at(outcome)}; see evidence")
+    causes = _causes(signals, rung, outcome, succeeded)
+    cause = causes[0] if causes else None
+    if cause is None:
+        if earlier_failed is not None:
+            return Classification(Verdict.unknown, Cause.earlier_rung,
+                                  f"{rung} failed{_at(outcome)} after {earlier_failed} had already failed; "
+                                  "no independent signal explains it (see evidence)")
+        verdict = (Verdict.denied if outcome.errno in _DENIED_ERRNOS
+                   else Verdict.unsupported if outcome.errno in _UNSUPPORTED_ERRNOS else Verdict.unknown)
+        return Classification(verdict, Cause.unclassified,
+                              f"{rung} failed{_at(outcome)} and no known signal explains it (see evidence)")
+    also = tuple(dict.fromkeys(c for c in causes[1:] if c is not cause))
+    return Classification(_VERDICT[cause], cause, f"{rung} failed{_at(outcome)}: {_why(cause, signals)}",
+                          also)
+
+
+def _at(outcome: Outcome) -> str:
+    parts = [p for p in (outcome.step and f"at {outcome.step}", outcome.errno) if p]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _causes(signals: Signals, rung: Rung, outcome: Outcome, succeeded: frozenset[Rung]) -> list[Cause]:
+    """The candidates a working rung has not ruled out, strongest first."""
+    out = []
+    for cause in _candidates(signals, rung, outcome):
+        if Rung.userns in succeeded and cause in _USERNS_BLOCKERS:
+            continue
+        if Rung.userns_map in succeeded and cause is Cause.apparmor:
+            continue
+        out.append(cause)
+    return out
+
+
+def _candidates(s: Signals, rung: Rung, o: Outcome) -> list[Cause]:
+    """Every cause the signals support, strongest first."""
+    out: list[Cause] = []
+    no_admin = s.cap_sys_admin is False
+    # WSL1 translates syscalls in a Windows driver: there are no Linux namespaces at all.
+    if s.wsl == "1":
+        out.append(Cause.wsl1)
+    if o.errno == "EINVAL" and s.kernel_userns is False:
+        out.append(Cause.no_kernel_userns)
+    # ENOSPC from unshare(CLONE_NEWUSER): some user namespace on our chain is at its
+    # max_user_namespaces (kernel/ucount.c inc_ucount walks every ancestor). Local 0 is the sysctl;
+    # local non-zero means an ANCESTOR set it: a parent sandbox disabled nesting (bwrap >= 0.8
+    # --disable-userns writes 1 in its own userns, bubblewrap.c), so the rung is refused here.
+    if o.errno == "ENOSPC":
+        out.append(Cause.max_user_namespaces if s.max_user_namespaces == 0 else Cause.nested)
+    # EAGAIN from fork/clone: a process limit, cgroup pids.max (kernel/cgroup/pids.c) or RLIMIT_NPROC.
+    if o.errno == "EAGAIN":
+        if s.pids_exhausted:
+            out.append(Cause.pids_max)
+        if s.nproc_exhausted is not False:
+            out.append(Cause.nproc)
+    if s.max_user_namespaces == 0:
+        out.append(Cause.max_user_namespaces)
+    # Debian's patch: unprivileged_userns_clone=0 refuses CLONE_NEWUSER without CAP_SYS_ADMIN (EPERM).
+    if s.unprivileged_userns_clone == 0 and not s.cap_sys_admin:
+        out.append(Cause.unprivileged_userns_clone)
+    # Ubuntu 23.10+: the namespace is created but an unconfined task loses its capabilities in it,
+    # so the map writes (and bwrap's mounts) fail; CAP_SYS_ADMIN in the init ns is exempt.
+    if s.apparmor_restrict == 1 and not s.cap_sys_admin:
+        out.append(Cause.apparmor)
+    # Docker's default seccomp profile allows unshare/clone namespace flags, mount and pivot_root
+    # only with CAP_SYS_ADMIN (moby profiles/seccomp/default.json).
+    if s.seccomp == 2 and no_admin:
+        out.append(Cause.seccomp)
+    # A fresh procfs in a new user namespace is refused (EPERM) when the visible /proc has locked
+    # overmounts (fs/namespace.c mount_too_revealing): Docker's masked paths, or hidepid rules.
+    if rung is Rung.pidns_proc:
+        if s.proc_masks:
+            out.append(Cause.masked_proc)
+        if s.hidepid is not None:
+            out.append(Cause.hidepid)
+    if s.euid == 0 and no_admin:
+        out.append(Cause.no_cap_sys_admin)
+    if rung in BWRAP_RUNGS and s.bwrap_setuid:
+        out.append(Cause.setuid_bwrap)
+    return out
+
+
+def wsl_of(osrelease: str | None) -> str | None:
+    """WSL2 kernels say "...-microsoft-standard-WSL2"; WSL1 reports a fake "4.4.0-NNNNN-Microsoft"."""
+    if not osrelease or "microsoft" not in osrelease.lower():
+        return None
+    low = osrelease.lower()
+    return "2" if "wsl2" in low or "microsoft-standard" in low else "1"
+
+
+def _why(cause: Cause, s: Signals) -> str:
+    match cause:
+        case Cause.wsl1:
+            return "WSL1 has no Linux namespaces; use WSL2"
+        case Cause.no_kernel_userns:
+            return "the kernel has no user namespaces (no /proc/self/ns/user: CONFIG_USER_NS=n)"
+        case Cause.max_user_namespaces:
+            return "user.max_user_namespaces=0; raise it (sysctl -w user.max_user_namespaces=15000)"
+        case Cause.nested:
+            return (f"a parent sandbox disabled nested user namespaces (ENOSPC while the local "
+                    f"user.max_user_namespaces={s.max_user_namespaces}); run outside it")
+        case Cause.pids_max:
+            return f"cgroup pids.max {s.pids_max} reached ({s.pids_current}) in {s.pids_cgroup}"
+        case Cause.nproc:
+            return f"RLIMIT_NPROC {s.nproc_limit} exhausted (ulimit -u)"
+        case Cause.unprivileged_userns_clone:
+            return "kernel.unprivileged_userns_clone=0; sysctl -w kernel.unprivileged_userns_clone=1"
+        case Cause.apparmor:
+            return (f"AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged"
+                    f"_userns=1, label {s.apparmor_label or 'unknown'}); give the sandbox a profile with "
+                    f"`userns,` or set the sysctl to 0")
+        case Cause.seccomp:
+            return ("a seccomp filter without CAP_SYS_ADMIN (Docker's default profile) refuses namespace "
+                    "and mount syscalls; run the container --privileged or with a profile that allows them")
+        case Cause.masked_proc:
+            shown = ", ".join(s.proc_masks[:3]) + (", ..." if len(s.proc_masks) > 3 else "")
+            return (f"/proc has masked sub-mounts ({shown}), so the kernel refuses a fresh procfs; "
+                    f"run privileged or with --security-opt systempaths=unconfined")
+        case Cause.hidepid:
+            return f"/proc is mounted hidepid={s.hidepid}, so a fresh procfs is refused; remount without it"
+        case Cause.no_cap_sys_admin:
+            return "root without CAP_SYS_ADMIN (a container's capability set); add it or run privileged"
+        case Cause.setuid_bwrap:
+            return "bwrap is setuid and refuses this in setuid mode; use a non-setuid bwrap with userns on"
+    return str(cause)
+
+
+def _untried_reason(cause: Cause, outcome: Outcome, earlier: Rung | None) -> str:
+    match cause:
+        case Cause.no_bwrap if outcome.detail:
+            return f"not tried: bwrap could not be run ({outcome.detail})"
+        case Cause.no_bwrap:
+            return "not tried: bwrap not found in PATH (apt-get install bubblewrap)"
+        case Cause.bwrap_too_old:
+            version = outcome.detail or "(version unknown)"
+            return f"not tried: bwrap {version} lacks --disable-userns (needs >= 0.8)"
+        case Cause.earlier_rung:
+            return f"not tried: {earlier or 'an earlier rung'} failed first"
+    return f"not tried: {cause}"

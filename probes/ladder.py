@@ -1,0 +1,396 @@
+"""The user-namespace ladder: `userns`, `userns.map`, `netns`, `pidns.proc`, `disable_userns`.
+
+Each rung is TRIED as the probed user (Host.trial_prefix: setpriv when --as-user) in a throwaway child
+with a timeout:
+  userns + userns.map  one `python3 -I -S` child: unshare(CLONE_NEWUSER), then setgroups/uid_map/gid_map;
+  netns, pidns.proc, disable_userns  one throwaway bwrap each, running a stdlib program that reports
+                       what it saw inside.
+The four launches are independent, so they run concurrently. All five ids are always reported; a
+failing rung is classified by `probes.classify` from independent signals gathered here, never from
+bwrap's stderr wording (kept as evidence)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import errno as errno_mod
+import functools
+import json
+import os
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from probes import bwrap as bwrap_probe
+from probes.classify import RUNGS, Cause, Outcome, Rung, Signals, Step, classify, wsl_of
+from probes.finding import Finding
+from probes.host import Host
+from probes.run import Completed, minimal_env
+
+INSIDE = Path(__file__).with_name("_inside_ladder.py")
+USER_INIT_INO = 0xEFFFFFFD  # PROC_USER_INIT_INO, <linux/proc_ns.h>
+# Mount points under /proc that are permanently-empty directories do not count as masks
+# (fs/namespace.c mnt_already_visible skips them): binfmt_misc is registered that way.
+_HARMLESS_PROC_MOUNTS = ("/proc/sys/fs/binfmt_misc",)
+_STRERROR = {os.strerror(n): name for n, name in errno_mod.errorcode.items()}
+_ERRNO_IN_PARENS = re.compile(r"\((E[A-Z0-9]+)\)")
+
+
+# ---------------------------------------------------------------- signals (a function of Host)
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace").strip()
+    except (FileNotFoundError, PermissionError, NotADirectoryError, ProcessLookupError):
+        return None
+    except OSError as e:
+        if e.errno == errno_mod.EINVAL:  # attr/current with no LSM providing it
+            return None
+        raise
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def parse_status(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _unescape(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo (fs/proc_namespace.c).
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def proc_mounts(mountinfo: str) -> tuple[tuple[str, ...], str | None]:
+    """(mount points over /proc contents that can hide something, hidepid value of /proc) from
+    /proc/self/mountinfo."""
+    masks: list[str] = []
+    hidepid: str | None = None
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields, rfields = left.split(), right.split()
+        if len(fields) < 6 or len(rfields) < 3:
+            continue
+        mountpoint = _unescape(fields[4])
+        options = fields[5].split(",") + rfields[2].split(",")
+        if mountpoint == "/proc" and rfields[0] == "proc":
+            for opt in options:
+                if opt.startswith("hidepid="):
+                    hidepid = opt.partition("=")[2]
+        elif mountpoint.startswith("/proc/") and not any(
+                mountpoint == h or mountpoint.startswith(h + "/") for h in _HARMLESS_PROC_MOUNTS):
+            masks.append(mountpoint)
+    return tuple(masks), hidepid
+
+
+def _ns_inode(host: Host, name: str) -> int | None:
+    try:
+        link = os.readlink(host.proc / "self/ns" / name)
+    except (FileNotFoundError, PermissionError):
+        return None
+    m = re.search(r"\[(\d+)\]", link)
+    return int(m.group(1)) if m else None
+
+
+def _pids(host: Host) -> tuple[int | None, int | None, str | None]:
+    """The tightest pids.max on our cgroup path that is reached or nearest: (max, current, path)."""
+    text = _read(host.proc / "self/cgroup") or ""
+    candidates: list[Path] = []
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, rel = parts
+        if "pids" in controllers.split(","):
+            base = host.sys / "fs/cgroup/pids"
+        elif parts[0] == "0" and controllers == "":
+            base = host.sys / "fs/cgroup"
+        else:
+            continue
+        node = base / rel.lstrip("/")
+        while True:
+            candidates.append(node)
+            if node == base:
+                break
+            node = node.parent
+    best: tuple[int | None, int | None, str | None] = (None, None, None)
+    for node in candidates:
+        limit = _int(_read(node / "pids.max"))
+        current = _int(_read(node / "pids.current"))
+        if limit is None or current is None:
+            continue  # "max", or no such file
+        if best[0] is None or limit - current < best[0] - (best[1] or 0):
+            best = (limit, current, str(node))
+    return best
+
+
+def _nproc_limit(host: Host) -> int | None:
+    for line in (_read(host.proc / "self/limits") or "").splitlines():
+        if line.startswith("Max processes"):
+            return _int(line.split()[2])  # "unlimited" -> None
+    return None
+
+
+def count_processes(host: Host, uid: int) -> int:
+    """Processes whose real uid is `uid`: what RLIMIT_NPROC counts (kernel/fork.c copy_process
+    checks the real uid's ucount). Only read when a trial failed with EAGAIN."""
+    count = 0
+    for entry in host.proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        for line in (_read(entry / "status") or "").splitlines():
+            if line.startswith("Uid:"):
+                count += line.split()[1] == str(uid)
+                break
+    return count
+
+
+def gather_signals(host: Host, info: bwrap_probe.BwrapInfo | None = None) -> Signals:
+    proc = host.proc
+    status = parse_status(_read(proc / "self/status") or "")
+    label = _read(proc / "self/attr/apparmor/current") or _read(proc / "self/attr/current")
+    masks, hidepid = proc_mounts(_read(proc / "self/mountinfo") or "")
+    user_ino = _ns_inode(host, "user")
+    pids_max, pids_current, pids_cgroup = _pids(host)
+    cap_eff = status.get("CapEff")
+    return Signals(
+        euid=host.euid,
+        cap_eff=int(cap_eff, 16) if cap_eff else None,
+        seccomp=_int(status.get("Seccomp")),
+        no_new_privs=(status["NoNewPrivs"] == "1") if "NoNewPrivs" in status else None,
+        unprivileged_userns_clone=_int(_read(proc / "sys/kernel/unprivileged_userns_clone")),
+        max_user_namespaces=_int(_read(proc / "sys/user/max_user_namespaces")),
+        apparmor_restrict=_int(_read(proc / "sys/kernel/apparmor_restrict_unprivileged_userns")),
+        apparmor_label=label,
+        userns_initial=None if user_ino is None else user_ino == USER_INIT_INO,
+        kernel_userns=(proc / "self/ns/user").is_symlink() or (proc / "self/ns/user").exists(),
+        proc_masks=masks,
+        hidepid=hidepid,
+        wsl=wsl_of(_read(proc / "sys/kernel/osrelease")),
+        bwrap_setuid=bool(info and info.setuid),
+        nproc_limit=_nproc_limit(host),
+        pids_max=pids_max,
+        pids_current=pids_current,
+        pids_cgroup=pids_cgroup,
+    )
+
+
+def with_trial_context(signals: Signals, report: Mapping[str, Any] | None) -> Signals:
+    """The process-level signals as the TRIAL user saw them (the userns child reports them before it
+    unshares): with --as-user our own CapEff says nothing about theirs."""
+    if not report:
+        return signals
+    status = report.get("status") or {}
+    changes: dict[str, Any] = {}
+    if status.get("CapEff"):
+        changes["cap_eff"] = int(status["CapEff"], 16)
+    if status.get("Seccomp"):
+        changes["seccomp"] = _int(status["Seccomp"])
+    if status.get("NoNewPrivs"):
+        changes["no_new_privs"] = status["NoNewPrivs"] == "1"
+    if "uid" in report:
+        changes["euid"] = int(report["uid"])
+    if report.get("apparmor"):
+        changes["apparmor_label"] = report["apparmor"]
+    if "nproc_limit" in report:
+        changes["nproc_limit"] = report["nproc_limit"]
+    return dataclasses.replace(signals, **changes)
+
+
+# ---------------------------------------------------------------- trials
+
+def interpreter(host: Host) -> str:
+    """An interpreter the trial user can execute: the system one, not a pyenv/venv under /root."""
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return sys.executable
+
+
+def errno_from_stderr(stderr: str) -> str | None:
+    """Best effort: bwrap ends its errors with strerror(errno) (die_with_error) or, for some, an
+    explicit "(ENOSPC)". The locale is C for trials, so strerror text maps back to the name."""
+    for line in reversed(stderr.strip().splitlines()):
+        m = _ERRNO_IN_PARENS.search(line)
+        if m and m.group(1) in errno_mod.errorcode.values():
+            return m.group(1)
+        tail = line.rsplit(": ", 1)[-1].strip()
+        if tail in _STRERROR:
+            return _STRERROR[tail]
+    return None
+
+
+def _report(done: Completed) -> dict[str, Any] | None:
+    for line in reversed(done.stdout.strip().splitlines()):
+        with contextlib.suppress(ValueError):
+            doc = json.loads(line)
+            if isinstance(doc, dict):
+                return doc
+    return None
+
+
+def _launch(host: Host, argv: list[str]) -> Completed:
+    full = [*host.trial_prefix, *argv]
+    try:
+        return host.runner(full, timeout=host.timeout, env=minimal_env({"LC_ALL": "C"}), cwd="/")
+    except BlockingIOError:
+        # fork() itself failed with EAGAIN (RLIMIT_NPROC or pids.max): that is a finding, not a crash.
+        return Completed(tuple(full), None, "", "fork: Resource temporarily unavailable (EAGAIN)", 0.0,
+                         not_found=True)
+
+
+@functools.cache
+def _inside_text() -> str:
+    return INSIDE.read_text()
+
+
+def _program(host: Host, mode: str) -> list[str]:
+    return [interpreter(host), "-I", "-S", "-c", _inside_text(), mode]
+
+
+BWRAP_ARGS: dict[Rung, tuple[str, ...]] = {
+    # --ro-bind / / gives the program its interpreter; everything else is the rung under test.
+    Rung.netns: ("--unshare-user", "--unshare-net", "--die-with-parent", "--ro-bind", "/", "/"),
+    Rung.pidns_proc: ("--unshare-user", "--unshare-pid", "--die-with-parent", "--ro-bind", "/", "/",
+                      "--proc", "/proc"),
+    Rung.disable_userns: ("--unshare-user", "--disable-userns", "--die-with-parent", "--ro-bind", "/", "/"),
+}
+_MODE = {Rung.netns: "netns", Rung.pidns_proc: "pidns", Rung.disable_userns: "nested"}
+
+
+def _failed_launch(done: Completed, step: Step) -> Outcome:
+    if done.timed_out:
+        return Outcome(False, step, timed_out=True, detail=f"{done.seconds:.1f}s")
+    if done.not_found:
+        return Outcome(False, Step.launch, errno_from_stderr(done.stderr) or "ENOENT")
+    return Outcome(False, step, errno_from_stderr(done.stderr))
+
+
+def userns_outcomes(done: Completed) -> tuple[Outcome, Outcome, dict[str, Any] | None]:
+    """The userns child's report -> (userns outcome, userns.map outcome, report)."""
+    report = _report(done)
+    if report is None or "unshare" not in report:
+        first = _failed_launch(done, Step.no_report)
+        return first, Outcome(False, untried=Cause.earlier_rung), report
+    if report["unshare"] is not None:
+        return (Outcome(False, Step.unshare, report["unshare"]),
+                Outcome(False, untried=Cause.earlier_rung), report)
+    for step in (Step.setgroups, Step.uid_map, Step.gid_map):
+        if report.get(str(step)) is not None:
+            return Outcome(True), Outcome(False, step, report[str(step)]), report
+    return Outcome(True), Outcome(True), report
+
+
+def bwrap_outcome(rung: Rung, done: Completed) -> tuple[Outcome, dict[str, Any] | None]:
+    report = _report(done)
+    if report is None:
+        return _failed_launch(done, Step.bwrap if done.returncode not in (0, None) else Step.no_report), None
+    if rung is Rung.netns and not report.get("lo_up"):
+        return Outcome(False, Step.lo_down, detail=f"interfaces {report.get('interfaces')}"), report
+    if rung is Rung.pidns_proc and not report.get("fresh_proc"):
+        return Outcome(False, Step.proc_not_fresh), report
+    if rung is Rung.disable_userns:
+        nested = report.get("nested_unshare")
+        if nested is None:
+            return Outcome(False, Step.nested_allowed), report
+        if nested != "ENOSPC":
+            return Outcome(False, Step.nested_other, nested), report
+    return Outcome(True), report
+
+
+def _evidence(done: Completed | None, report: Mapping[str, Any] | None, extra: Mapping[str, str]) -> dict:
+    ev: dict[str, str] = dict(extra)
+    if done is not None:
+        # The argv without the program text: a person wants the command line, not 4 kB of Python.
+        argv = [a if len(a) < 200 else "<_inside_ladder.py>" for a in done.argv]
+        ev["argv"] = " ".join(argv)
+        ev["returncode"] = str(done.returncode)
+        ev["seconds"] = f"{done.seconds:.3f}"
+        if done.stderr.strip():
+            ev["stderr"] = done.stderr_tail()
+    if report is not None:
+        ev["report"] = json.dumps(report, sort_keys=True)
+    return ev
+
+
+def _signal_evidence(s: Signals) -> dict[str, str]:
+    return {
+        "euid": str(s.euid),
+        "CapEff": f"{s.cap_eff:016x}" if s.cap_eff is not None else "unknown",
+        "Seccomp": str(s.seccomp), "NoNewPrivs": str(s.no_new_privs),
+        "kernel.unprivileged_userns_clone": str(s.unprivileged_userns_clone),
+        "user.max_user_namespaces": str(s.max_user_namespaces),
+        "kernel.apparmor_restrict_unprivileged_userns": str(s.apparmor_restrict),
+        "apparmor_label": str(s.apparmor_label),
+        "userns_initial": str(s.userns_initial),
+        "proc_masks": ",".join(s.proc_masks) or "none",
+        "hidepid": str(s.hidepid), "wsl": str(s.wsl), "bwrap_setuid": str(s.bwrap_setuid),
+        "RLIMIT_NPROC": str(s.nproc_limit), "pids.max": f"{s.pids_max} (current {s.pids_current})",
+    }
+
+
+def probe(host: Host) -> list[Finding]:
+    runs: dict[Rung | str, Completed] = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        # The userns child needs nothing from bwrap: start it while bwrap is being inspected.
+        futures = {"userns": pool.submit(_launch, host, _program(host, "userns"))}
+        info = bwrap_probe.inspect(host)
+        signals = gather_signals(host, info)
+        for rung, args in BWRAP_ARGS.items():
+            if info.path is None or info.error is not None:
+                continue
+            if rung is Rung.disable_userns and not info.disable_userns:
+                continue
+            futures[rung] = pool.submit(_launch, host, [info.path, *args, "--", *_program(host, _MODE[rung])])
+        for key, fut in futures.items():
+            runs[key] = fut.result()
+
+    first, second, ureport = userns_outcomes(runs["userns"])
+    signals = with_trial_context(signals, ureport)
+    outcomes: dict[Rung, Outcome] = {Rung.userns: first, Rung.userns_map: second}
+    reports: dict[Rung, dict[str, Any] | None] = {Rung.userns: ureport, Rung.userns_map: ureport}
+    for rung in BWRAP_ARGS:
+        if rung in runs:
+            outcomes[rung], reports[rung] = bwrap_outcome(rung, runs[rung])
+        elif info.path is None or info.error is not None:
+            why = f"{info.path}: {info.error}" if info.path else ""
+            outcomes[rung], reports[rung] = Outcome(False, untried=Cause.no_bwrap, detail=why), None
+        else:
+            outcomes[rung] = Outcome(False, untried=Cause.bwrap_too_old, detail=info.version or "")
+            reports[rung] = None
+
+    if any(o.errno == "EAGAIN" for o in outcomes.values()) and signals.nproc_limit is not None:
+        signals = dataclasses.replace(signals, nproc_used=count_processes(host, signals.euid))
+    succeeded = frozenset(r for r, o in outcomes.items() if o.ok)
+    sig_ev = _signal_evidence(signals)
+    findings: list[Finding] = []
+    earlier: Rung | None = None
+    for rung in RUNGS:
+        outcome = outcomes[rung]
+        result = classify(signals, rung, outcome, earlier_failed=earlier, succeeded=succeeded)
+        done = runs.get("userns" if rung in (Rung.userns, Rung.userns_map) else rung)
+        extra = {"step": str(outcome.step) if outcome.step else "", "errno": str(outcome.errno)}
+        if not outcome.ok:
+            extra.update(sig_ev)
+        findings.append(Finding(
+            str(rung), result.verdict, result.reason, _evidence(done, reports.get(rung), extra),
+            {"cause": str(result.cause) if result.cause else None, "also": [str(c) for c in result.also],
+             "errno": outcome.errno,
+             "user": host.user, "step": str(outcome.step) if outcome.step else None},
+        ))
+        if not outcome.ok and earlier is None:
+            earlier = rung
+    return findings

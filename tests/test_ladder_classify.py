@@ -1,0 +1,452 @@
+"""The user-namespace ladder on fake hosts: every classifier branch, from files in tmp_path and a fake
+runner that answers each trial the way the real shape would (bwrap's real stderr lines from 0.8.0)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from probes import bwrap as bwrap_probe
+from probes import ladder
+from probes.classify import RUNGS, Cause, Outcome, Rung, Signals, Step, classify, wsl_of
+from probes.finding import Finding, Verdict
+from probes.host import Host
+from probes.run import Completed
+
+S, D, U, UNK = Verdict.supported, Verdict.denied, Verdict.unsupported, Verdict.unknown
+ROOT_CAPS = "000001ffffffffff"
+DOCKER_CAPS = "00000000a80425fb"  # Docker's default set: no CAP_SYS_ADMIN (bit 21)
+NO_CAPS = "0000000000000000"
+USER_INIT = 0xEFFFFFFD
+PLAIN_MOUNTINFO = (
+    "22 1 0:21 / / rw,relatime - ext4 /dev/sda1 rw\n"
+    "23 22 0:22 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw\n"
+    "24 23 0:23 / /proc/sys/fs/binfmt_misc rw,relatime - binfmt_misc binfmt_misc rw\n"
+)
+# Docker's masked and read-only paths (moby oci/defaults.go), as a container's mountinfo shows them.
+DOCKER_MOUNTINFO = PLAIN_MOUNTINFO + "".join(
+    f"{30 + i} 23 0:5 /null {p} rw,nosuid - devtmpfs udev rw\n"
+    for i, p in enumerate(("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sys", "/proc/bus")))
+HIDEPID_MOUNTINFO = PLAIN_MOUNTINFO.replace("proc proc rw", "proc proc rw,hidepid=invisible")
+
+# bwrap 0.8.0's own stderr lines for these shapes (kept as evidence; the classifier must not need them).
+NO_PERMISSION = ("bwrap: No permissions to creating new namespace, likely because the kernel does not "
+                 "allow non-privileged user namespaces. On e.g. debian this can be enabled with "
+                 "'sysctl kernel.unprivileged_userns_clone=1'.")
+ENOSPC_LINE = ("bwrap: Creating new namespace failed: nesting depth or /proc/sys/user/max_*_namespaces "
+               "exceeded (ENOSPC)")
+UID_MAP_EPERM = "bwrap: setting up uid map: Permission denied"
+PROC_EPERM = "bwrap: Can't mount proc on /newroot/proc: Operation not permitted"
+NS_EPERM = "bwrap: Creating new namespace failed: Operation not permitted"
+NS_EINVAL = "bwrap: Creating new namespace failed: Invalid argument"
+NS_EAGAIN = "bwrap: Creating new namespace failed: Resource temporarily unavailable"
+TMPFS_EPERM = "bwrap: Failed to mount tmpfs: Operation not permitted"
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    euid: int = 1000
+    cap_eff: str = NO_CAPS
+    seccomp: int = 0
+    no_new_privs: int = 0
+    unprivileged_userns_clone: int | None = None
+    max_user_namespaces: int | None = 15000
+    apparmor_restrict: int | None = None
+    apparmor_label: str | None = None
+    userns_ino: int = USER_INIT
+    mountinfo: str = PLAIN_MOUNTINFO
+    osrelease: str = "6.1.0-18-amd64"
+    nproc: str = "63445"
+    pids: tuple[int, int] | None = None  # (pids.max, pids.current) of our v1 pids cgroup
+    bwrap: str | None = "0.8.0"
+    bwrap_setuid: bool = False
+    processes: int = 0  # /proc/<pid> entries owned by euid
+
+    def status(self) -> dict[str, str]:
+        return {"Uid": f"{self.euid}\t{self.euid}\t{self.euid}\t{self.euid}", "CapEff": self.cap_eff,
+                "Seccomp": str(self.seccomp), "NoNewPrivs": str(self.no_new_privs)}
+
+
+def done(stdout: str = "", stderr: str = "", rc: int | None = 0, **kw: Any) -> Completed:
+    return Completed(("fake",), rc, stdout, stderr, 0.01, **kw)
+
+
+def fail(stderr: str) -> Completed:
+    return done("", stderr + "\n", 1)
+
+
+Answer = Completed | Mapping[str, Any] | Callable[[Sequence[str]], Completed]
+
+
+class FakeRunner:
+    """Answers trials by mode (the last argv word of the inside program) and bwrap --version.
+    A Mapping answer is merged into the default report; a Completed is returned as is."""
+
+    def __init__(self, shape: Shape, answers: Mapping[str, Answer]) -> None:
+        self.shape, self.answers, self.calls = shape, dict(answers), []
+
+    def default(self, mode: str) -> dict[str, Any]:
+        if mode == "userns":
+            return {"uid": self.shape.euid, "gid": self.shape.euid, "status": self.shape.status(),
+                    "apparmor": self.shape.apparmor_label,
+                    "nproc_limit": int(self.shape.nproc) if self.shape.nproc.isdigit() else None,
+                    "unshare": None, "setgroups": None, "uid_map": None, "gid_map": None}
+        return {"netns": {"interfaces": ["lo"], "lo_up": True},
+                "pidns": {"pid": 2, "proc_self": "2", "fresh_proc": True},
+                "nested": {"nested_unshare": "ENOSPC", "max_user_namespaces": "2147483647"}}[mode]
+
+    def __call__(self, argv: Sequence[str], *, timeout: float, input: str | None = None,
+                 env: Mapping[str, str] | None = None, cwd: str | None = None) -> Completed:
+        assert timeout > 0, "every trial has a timeout"
+        argv = tuple(argv)
+        self.calls.append(argv)
+        if argv[-1] == "--version":
+            answer = self.answers.get("version")
+            if answer is None:
+                return done(f"bubblewrap {self.shape.bwrap}\n")
+            return answer(argv) if callable(answer) else answer  # type: ignore[return-value]
+        mode = argv[-1]
+        answer = self.answers.get(mode, {})
+        if callable(answer):
+            return answer(argv)
+        if isinstance(answer, Completed):
+            return answer
+        return done(json.dumps({**self.default(mode), **answer}) + "\n")
+
+
+def fake_host(tmp_path: Path, shape: Shape = Shape(), answers: Mapping[str, Answer] | None = None,
+              as_user: str | None = None) -> tuple[Host, FakeRunner]:
+    proc, sys_, bin_ = tmp_path / "proc", tmp_path / "sys", tmp_path / "bin"
+    for d in (proc / "self/ns", proc / "self/attr/apparmor", proc / "sys/kernel", proc / "sys/user", bin_):
+        d.mkdir(parents=True, exist_ok=True)
+    (proc / "self/status").write_text("".join(f"{k}:\t{v}\n" for k, v in shape.status().items()))
+    (proc / "self/mountinfo").write_text(shape.mountinfo)
+    (proc / "sys/kernel/osrelease").write_text(shape.osrelease + "\n")
+    (proc / "self/limits").write_text(
+        "Limit                     Soft Limit           Hard Limit           Units\n"
+        f"Max processes             {shape.nproc:<20} {shape.nproc:<20} processes\n")
+    os.symlink(f"user:[{shape.userns_ino}]", proc / "self/ns/user")
+    for pid in range(100, 100 + shape.processes):
+        (proc / str(pid)).mkdir()
+        (proc / str(pid) / "status").write_text(f"Name:\tsh\nUid:\t{shape.euid}\t{shape.euid}\t0\t0\n")
+    sysctls = {"sys/kernel/unprivileged_userns_clone": shape.unprivileged_userns_clone,
+               "sys/user/max_user_namespaces": shape.max_user_namespaces,
+               "sys/kernel/apparmor_restrict_unprivileged_userns": shape.apparmor_restrict}
+    for rel, value in sysctls.items():
+        if value is not None:
+            (proc / rel).write_text(f"{value}\n")
+    if shape.apparmor_label is not None:
+        (proc / "self/attr/apparmor/current").write_text(shape.apparmor_label + "\n")
+    if shape.pids is not None:
+        (proc / "self/cgroup").write_text("5:pids:/user.slice/job\n0::/user.slice/job\n")
+        node = sys_ / "fs/cgroup/pids/user.slice/job"
+        node.mkdir(parents=True)
+        (node / "pids.max").write_text(f"{shape.pids[0]}\n")
+        (node / "pids.current").write_text(f"{shape.pids[1]}\n")
+    if shape.bwrap is not None:
+        fake = bin_ / "bwrap"
+        fake.write_text("#!/bin/false\n")
+        fake.chmod(0o4755 if shape.bwrap_setuid else 0o755)
+    runner = FakeRunner(shape, answers or {})
+    host = Host(root=tmp_path, proc=proc, sys=sys_, env={"PATH": str(bin_)}, runner=runner,
+                euid=shape.euid, as_user=as_user)
+    return host, runner
+
+
+def verdicts(findings: list[Finding]) -> dict[str, tuple[Verdict, str | None]]:
+    return {f.probe: (f.verdict, f.facts["cause"]) for f in findings}
+
+
+def ladder_of(*pairs: tuple[Verdict, str | None]) -> dict[str, tuple[Verdict, str | None]]:
+    assert len(pairs) == len(RUNGS)
+    return {str(r): p for r, p in zip(RUNGS, pairs, strict=True)}
+
+
+OK = (S, None)
+
+
+def raise_eagain(argv: Sequence[str]) -> Completed:
+    raise BlockingIOError(11, "Resource temporarily unavailable")
+BWRAP_ALL = ("netns", "pidns", "nested")
+
+
+def every_bwrap(completed: Completed) -> dict[str, Answer]:
+    return dict.fromkeys(BWRAP_ALL, completed)
+
+
+# (shape, trial answers, expected ladder: userns, userns.map, netns, pidns.proc, disable_userns)
+SCENARIOS: dict[str, tuple[Shape, dict[str, Answer], dict[str, tuple[Verdict, str | None]]]] = {
+    "healthy host": (Shape(), {}, ladder_of(OK, OK, OK, OK, OK)),
+    # Ubuntu 24.04: the namespace is created, the maps are refused, bwrap dies writing its uid map.
+    "apparmor restriction": (
+        Shape(apparmor_restrict=1, apparmor_label="unconfined"),
+        {"userns": {"uid_map": "EPERM"}, **every_bwrap(fail(UID_MAP_EPERM))},
+        ladder_of(OK, (D, "apparmor"), (D, "apparmor"), (D, "apparmor"), (D, "apparmor"))),
+    "debian unprivileged_userns_clone=0": (
+        Shape(unprivileged_userns_clone=0),
+        {"userns": {"unshare": "EPERM"}, **every_bwrap(fail(NO_PERMISSION))},
+        ladder_of(*[(D, "unprivileged_userns_clone")] * 1, (UNK, "earlier_rung"),
+                  *[(D, "unprivileged_userns_clone")] * 3)),
+    "max_user_namespaces=0": (
+        Shape(max_user_namespaces=0),
+        {"userns": {"unshare": "ENOSPC"}, **every_bwrap(fail(ENOSPC_LINE))},
+        ladder_of((D, "max_user_namespaces"), (UNK, "earlier_rung"), *[(D, "max_user_namespaces")] * 3)),
+    # `docker run` with the default seccomp profile and capability set, as root in the container.
+    "docker default seccomp": (
+        Shape(euid=0, cap_eff=DOCKER_CAPS, seccomp=2, mountinfo=DOCKER_MOUNTINFO),
+        {"userns": {"unshare": "EPERM"}, **every_bwrap(fail(NS_EPERM))},
+        ladder_of((D, "seccomp"), (UNK, "earlier_rung"), *[(D, "seccomp")] * 3)),
+    # CAP_SYS_ADMIN added (seccomp then allows namespaces) but Docker's masked paths remain.
+    "masked /proc": (
+        Shape(euid=0, cap_eff=ROOT_CAPS, seccomp=2, mountinfo=DOCKER_MOUNTINFO),
+        {"pidns": fail(PROC_EPERM)},
+        ladder_of(OK, OK, OK, (D, "masked_proc"), OK)),
+    "hidepid": (
+        Shape(mountinfo=HIDEPID_MOUNTINFO), {"pidns": fail(PROC_EPERM)},
+        ladder_of(OK, OK, OK, (D, "hidepid"), OK)),
+    # Inside `bwrap --unshare-user --disable-userns`: local sysctl INT_MAX, the parent's is 1.
+    "nested under --disable-userns": (
+        Shape(userns_ino=4026532179, max_user_namespaces=2147483647, no_new_privs=1),
+        {"userns": {"unshare": "ENOSPC"}, **every_bwrap(fail(ENOSPC_LINE))},
+        ladder_of((D, "nested"), (UNK, "earlier_rung"), *[(D, "nested")] * 3)),
+    "nested, older bwrap wording": (
+        Shape(userns_ino=4026532179, max_user_namespaces=2147483647),
+        {"userns": {"unshare": "ENOSPC"},
+         **every_bwrap(fail("bwrap: Creating new namespace failed: No space left on device"))},
+        ladder_of((D, "nested"), (UNK, "earlier_rung"), *[(D, "nested")] * 3)),
+    "wsl1": (
+        Shape(osrelease="4.4.0-19041-Microsoft", max_user_namespaces=None),
+        {"userns": {"unshare": "EINVAL"}, **every_bwrap(fail(NS_EINVAL))},
+        ladder_of((U, "wsl1"), (UNK, "earlier_rung"), *[(U, "wsl1")] * 3)),
+    "wsl2 works": (Shape(osrelease="5.15.90.1-microsoft-standard-WSL2"), {}, ladder_of(OK, OK, OK, OK, OK)),
+    # Our unshare works, the setuid bwrap refuses (no errno in its message): the setuid mode is why.
+    "setuid bwrap": (
+        Shape(bwrap_setuid=True),
+        every_bwrap(fail("bwrap: Unexpected capabilities but not setuid, old file caps config?")),
+        ladder_of(OK, OK, *[(D, "setuid_bwrap")] * 3)),
+    # Root in a container with seccomp off but no CAP_SYS_ADMIN and no masks.
+    "root without CAP_SYS_ADMIN": (
+        Shape(euid=0, cap_eff=DOCKER_CAPS),
+        {"netns": fail(TMPFS_EPERM), "pidns": fail(PROC_EPERM), "nested": fail(TMPFS_EPERM)},
+        ladder_of(OK, OK, *[(D, "no_cap_sys_admin")] * 3)),
+    "pids.max reached": (
+        Shape(pids=(64, 64)), every_bwrap(fail(NS_EAGAIN)),
+        ladder_of(OK, OK, *[(D, "pids_max")] * 3)),
+    "RLIMIT_NPROC": (
+        Shape(nproc="40", processes=40, pids=(4096, 12)), every_bwrap(fail(NS_EAGAIN)),
+        ladder_of(OK, OK, *[(D, "nproc")] * 3)),
+    "EAGAIN with room under both limits": (
+        Shape(nproc="40", processes=3, pids=(4096, 12)), every_bwrap(fail(NS_EAGAIN)),
+        ladder_of(OK, OK, (D, "unclassified"), *[(UNK, "earlier_rung")] * 2)),
+    "no bwrap": (Shape(bwrap=None), {}, ladder_of(OK, OK, *[(U, "no_bwrap")] * 3)),
+    "bwrap too old for --disable-userns": (
+        Shape(bwrap="0.4.0"),
+        {"version": lambda argv: (fail("bwrap: Unknown option --disable-userns") if "--disable-userns" in argv
+                                  else done("bubblewrap 0.4.0\n"))},
+        ladder_of(OK, OK, OK, OK, (U, "bwrap_too_old"))),
+    "--disable-userns not effective": (
+        Shape(), {"nested": {"nested_unshare": None}}, ladder_of(OK, OK, OK, OK, (U, "not_effective"))),
+    "lo down": (Shape(), {"netns": {"lo_up": False}}, ladder_of(OK, OK, (U, "not_effective"), OK, OK)),
+    "timeout": (
+        Shape(), {"pidns": done("", "", None, timed_out=True)}, ladder_of(OK, OK, OK, (UNK, "timeout"), OK)),
+    "nothing explains it": (
+        Shape(), {"userns": {"unshare": "EPERM"}, **every_bwrap(fail("bwrap: something new went wrong"))},
+        ladder_of((D, "unclassified"), (UNK, "earlier_rung"), *[(UNK, "earlier_rung")] * 3)),
+    "map refused with no signal": (
+        Shape(), {"userns": {"setgroups": "EACCES"}}, ladder_of(OK, (D, "unclassified"), OK, OK, OK)),
+    # setpriv could not start the interpreter: nothing is learnt about the kernel, nothing is blamed.
+    "trial could not run": (
+        Shape(apparmor_restrict=1),
+        {"userns": done("", "setpriv: failed to execute /usr/bin/python3: Permission denied\n", 127)},
+        ladder_of((UNK, "trial_failed"), (UNK, "earlier_rung"), OK, OK, OK)),
+    # fork() itself fails: the runner raises BlockingIOError; the ladder reports it, classified.
+    "fork refused by pids.max": (
+        Shape(pids=(64, 64)), {"userns": raise_eagain, **every_bwrap(fail(NS_EAGAIN))},
+        ladder_of((D, "pids_max"), (UNK, "earlier_rung"), *[(D, "pids_max")] * 3)),
+    "bwrap found but cannot run": (
+        Shape(), {"version": done("", "", None, timed_out=True)},
+        ladder_of(OK, OK, *[(U, "no_bwrap")] * 3)),
+    "proc not fresh": (
+        Shape(), {"pidns": {"fresh_proc": False}}, ladder_of(OK, OK, OK, (U, "not_effective"), OK)),
+    "kernel without user namespaces": (
+        Shape(max_user_namespaces=None), {"userns": {"unshare": "EINVAL"}},
+        ladder_of((U, "unclassified"), (UNK, "earlier_rung"), OK, OK, OK)),
+}
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_each_shape_gets_its_classification_on_every_rung(tmp_path: Path, name: str) -> None:
+    shape, answers, expected = SCENARIOS[name]
+    host, _ = fake_host(tmp_path, shape, answers)
+    findings = ladder.probe(host)
+    assert [f.probe for f in findings] == [str(r) for r in RUNGS], "all five ids, in ladder order"
+    assert verdicts(findings) == expected
+    for f in findings:
+        assert "\n" not in f.reason and f.reason
+        assert f.facts["user"] == host.user
+        if f.verdict is not S:
+            assert f.facts["cause"], f"{f.probe}: a failure always names a cause"
+
+
+def test_bwrap_stderr_is_kept_as_evidence_not_used_as_the_decision(tmp_path: Path) -> None:
+    """The same signals with a bwrap message we have never seen still give the seccomp cause."""
+    shape = Shape(euid=0, cap_eff=DOCKER_CAPS, seccomp=2)
+    host, _ = fake_host(tmp_path, shape, {"userns": {"unshare": "EPERM"},
+                                         **every_bwrap(fail("bwrap: une erreur inconnue"))})
+    by = {f.probe: f for f in ladder.probe(host)}
+    assert by["netns"].facts["cause"] == "seccomp"
+    assert by["netns"].evidence["stderr"] == "bwrap: une erreur inconnue"
+    assert by["netns"].evidence["Seccomp"] == "2"
+
+
+def test_docker_reason_names_seccomp_and_cap_sys_admin(tmp_path: Path) -> None:
+    shape, answers, _ = SCENARIOS["docker default seccomp"]
+    host, _ = fake_host(tmp_path, shape, answers)
+    by = {f.probe: f for f in ladder.probe(host)}
+    assert "seccomp" in by["userns"].reason and "CAP_SYS_ADMIN" in by["userns"].reason
+    # The weaker causes stay visible: the masks would refuse the procfs rung even without seccomp.
+    assert by["pidns.proc"].facts["also"] == ["masked_proc", "no_cap_sys_admin"]
+    assert by["userns"].facts["also"] == ["no_cap_sys_admin"]
+
+
+def test_process_signals_come_from_the_trial_user_not_from_us(tmp_path: Path) -> None:
+    """As root we hold CAP_SYS_ADMIN (AppArmor's restriction exempts us); the user the trial ran as
+    does not, and the userns child reports that: the cause must be apparmor."""
+    shape = Shape(euid=0, cap_eff=ROOT_CAPS, apparmor_restrict=1)
+    theirs = {"uid": 1001, "status": {"CapEff": NO_CAPS, "Seccomp": "0", "NoNewPrivs": "0"},
+              "apparmor": "unconfined", "uid_map": "EPERM"}
+    host, runner = fake_host(tmp_path, shape, {"userns": theirs, **every_bwrap(fail(UID_MAP_EPERM))},
+                             as_user="bob")
+    findings = ladder.probe(host)
+    assert verdicts(findings)["userns.map"] == (D, "apparmor")
+    assert all(f.facts["user"] == "bob" for f in findings)
+    assert runner.calls and all(c[:2] == ("setpriv", "--reuid=bob") for c in runner.calls)
+
+
+def test_one_python_child_and_one_bwrap_per_bwrap_rung(tmp_path: Path) -> None:
+    """The benchmark's budget: the `bwrap` probe and the ladder share one `bwrap --version`, then one
+    interpreter for userns+userns.map and one throwaway bwrap per remaining rung."""
+    host, runner = fake_host(tmp_path)
+    bwrap_probe.probe(host)
+    ladder.probe(host)
+    kinds = sorted(c[-1] for c in runner.calls)
+    assert kinds == ["--version", "nested", "netns", "pidns", "userns"]
+
+
+def test_trial_argv_runs_the_stdlib_program_isolated(tmp_path: Path) -> None:
+    host, runner = fake_host(tmp_path)
+    ladder.probe(host)
+    by_mode = {c[-1]: c for c in runner.calls}
+    for mode in ("userns", "netns", "pidns", "nested"):
+        argv = by_mode[mode]
+        i = argv.index("-c")
+        assert argv[i - 2:i] == ("-I", "-S")
+        assert argv[i + 1] == ladder.INSIDE.read_text()
+    assert "--disable-userns" in by_mode["nested"] and "--unshare-user" in by_mode["nested"]
+    assert "--unshare-net" in by_mode["netns"]
+    assert by_mode["pidns"][by_mode["pidns"].index("--proc") + 1] == "/proc"
+
+
+# ------------------------------------------------------------------ the pure pieces, as tables
+
+@pytest.mark.parametrize(("signals", "rung", "outcome", "expected"), [
+    # ENOSPC: local 0 is the sysctl; local non-zero means a parent disabled nesting.
+    (Signals(max_user_namespaces=0), Rung.userns, Outcome(False, Step.unshare, "ENOSPC"),
+     (D, Cause.max_user_namespaces)),
+    (Signals(max_user_namespaces=5), Rung.userns, Outcome(False, Step.unshare, "ENOSPC"), (D, Cause.nested)),
+    # CAP_SYS_ADMIN exempts from AppArmor's restriction and from Docker's seccomp rule.
+    (Signals(apparmor_restrict=1, cap_eff=int(ROOT_CAPS, 16)), Rung.userns_map,
+     Outcome(False, Step.uid_map, "EPERM"), (D, Cause.unclassified)),
+    (Signals(seccomp=2, cap_eff=int(ROOT_CAPS, 16)), Rung.userns, Outcome(False, Step.unshare, "EPERM"),
+     (D, Cause.unclassified)),
+    (Signals(seccomp=2, cap_eff=0, euid=1000), Rung.userns, Outcome(False, Step.unshare, "EPERM"),
+     (D, Cause.seccomp)),
+    # Masks only explain the procfs rung.
+    (Signals(proc_masks=("/proc/kcore",)), Rung.netns, Outcome(False, Step.bwrap, "EPERM"),
+     (D, Cause.unclassified)),
+    (Signals(proc_masks=("/proc/kcore",)), Rung.pidns_proc, Outcome(False, Step.bwrap, "EPERM"),
+     (D, Cause.masked_proc)),
+    # EAGAIN with neither limit near: no cause invented.
+    (Signals(), Rung.netns, Outcome(False, Step.bwrap, "EAGAIN"), (D, Cause.unclassified)),
+    (Signals(), Rung.netns, Outcome(False, Step.bwrap, None), (UNK, Cause.unclassified)),
+    (Signals(kernel_userns=False), Rung.userns, Outcome(False, Step.unshare, "EINVAL"),
+     (U, Cause.no_kernel_userns)),
+])
+def test_classify_table(signals: Signals, rung: Rung, outcome: Outcome,
+                        expected: tuple[Verdict, Cause]) -> None:
+    got = classify(signals, rung, outcome)
+    assert (got.verdict, got.cause) == expected
+
+
+def test_a_blocker_ruled_out_by_a_working_rung_is_not_blamed() -> None:
+    """unprivileged_userns_clone=0 cannot explain a bwrap failure when our own unshare worked."""
+    s = Signals(unprivileged_userns_clone=0, euid=1000, cap_eff=0)
+    outcome = Outcome(False, Step.bwrap, None)
+    assert classify(s, Rung.netns, outcome).cause is Cause.unprivileged_userns_clone
+    assert classify(s, Rung.netns, outcome, succeeded=frozenset({Rung.userns})).cause is Cause.unclassified
+    got = classify(s, Rung.netns, outcome, earlier_failed=Rung.userns_map,
+                   succeeded=frozenset({Rung.userns}))
+    assert (got.verdict, got.cause) == (UNK, Cause.earlier_rung)
+
+
+@pytest.mark.parametrize(("osrelease", "wsl"), [
+    ("4.4.0-19041-Microsoft", "1"),
+    ("4.4.0-22621-Microsoft", "1"),
+    ("5.15.90.1-microsoft-standard-WSL2", "2"),
+    ("6.6.36.3-microsoft-standard-WSL2+", "2"),
+    ("6.1.0-18-amd64", None),
+    (None, None),
+])
+def test_wsl_from_osrelease(osrelease: str | None, wsl: str | None) -> None:
+    assert wsl_of(osrelease) == wsl
+
+
+@pytest.mark.parametrize(("stderr", "name"), [
+    (ENOSPC_LINE, "ENOSPC"),
+    (PROC_EPERM, "EPERM"),
+    (UID_MAP_EPERM, "EACCES"),
+    (NS_EAGAIN, "EAGAIN"),
+    (NO_PERMISSION, None),
+    ("", None),
+])
+def test_errno_name_from_bwrap_stderr(stderr: str, name: str | None) -> None:
+    assert ladder.errno_from_stderr(stderr) == name
+
+
+def test_proc_mounts_finds_masks_but_not_binfmt_misc_and_reads_hidepid() -> None:
+    assert ladder.proc_mounts(PLAIN_MOUNTINFO) == ((), None)
+    masks, hidepid = ladder.proc_mounts(DOCKER_MOUNTINFO)
+    assert masks == ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sys", "/proc/bus")
+    assert hidepid is None
+    assert ladder.proc_mounts(HIDEPID_MOUNTINFO) == ((), "invisible")
+    escaped = "40 23 0:5 /null /proc/odd\\040name rw - tmpfs tmpfs rw\n"
+    assert ladder.proc_mounts(escaped)[0] == ("/proc/odd name",)
+
+
+def test_gathered_signals_from_a_fake_docker_host(tmp_path: Path) -> None:
+    host, _ = fake_host(tmp_path, Shape(euid=0, cap_eff=DOCKER_CAPS, seccomp=2, mountinfo=DOCKER_MOUNTINFO,
+                                        pids=(100, 7), nproc="unlimited"))
+    s = ladder.gather_signals(host)
+    assert (s.euid, s.cap_sys_admin, s.seccomp) == (0, False, 2)
+    assert s.userns_initial is True and s.kernel_userns is True
+    assert "/proc/kcore" in s.proc_masks
+    assert (s.pids_max, s.pids_current) == (100, 7) and not s.pids_exhausted
+    assert s.nproc_limit is None
+    assert s.unprivileged_userns_clone is None  # mainline kernel: no such sysctl
+
+
+@pytest.mark.parametrize("value", [
+    None, True, False, 0, -3, "", "plain", 'q"uo\\te', "line\nbreak\ttab\x01", "ünï", ["a", 1, None],
+    {"status": {"CapEff": "0", "Uid": "0\t0"}, "list": [True, {"x": "y"}]},
+])
+def test_the_inside_program_json_round_trips(value: Any) -> None:
+    """The trial program writes JSON by hand (json's import costs a third of its start-up)."""
+    from probes import _inside_ladder
+
+    assert json.loads(_inside_ladder.dumps(value)) == value
