@@ -1,0 +1,51 @@
+"""The witness command's options, as `run` accepts and forwards them (`sandbox-conformance witness
+[--profile F] [--launcher 'PREFIX'] [--as-user NAME] [--junitxml F] [--json F] [--require]
+[--expected-skips F] [-- pytest args]`)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class WitnessOptions:
+    profile: str | None = None
+    launcher: str | None = None
+    as_user: str | None = None
+    junitxml: str | None = None
+    json: str | None = None
+    require: bool = False
+    expected_skips: str | None = None
+    pytest_args: tuple[str, ...] = ()
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> WitnessOptions:
+        return cls(args.profile, args.launcher, args.as_user, args.junitxml, args.json, bool(args.require),
+                   args.expected_skips, tuple(args.pytest_args or ()))
+
+    def argv(self) -> list[str]:
+        """The witness command's arguments, an option and its value side by side."""
+        out: list[str] = []
+        for flag, value in (("--profile", self.profile), ("--launcher", self.launcher),
+                            ("--as-user", self.as_user), ("--junitxml", self.junitxml), ("--json", self.json),
+                            ("--expected-skips", self.expected_skips)):
+            if value is not None:
+                out += [flag, value]
+        if self.require:
+            out.append("--require")
+        if self.pytest_args:
+            out += ["--", *self.pytest_args]
+        return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("witness options (passed to `sandbox-conformance witness`)")
+    g.add_argument("--profile", metavar="FILE", help="the sandbox profile (default: the embedded reference)")
+    g.add_argument("--launcher", metavar="PREFIX", help="an external launcher command prefix")
+    g.add_argument("--as-user", metavar="NAME", help="(native, root only) launch tasks as this user")
+    g.add_argument("--junitxml", metavar="FILE", help="JUnit XML (container: NAME-root.EXT, NAME-sbxc.EXT)")
+    g.add_argument("--json", metavar="FILE", help="JSON report (container: NAME-root.EXT, NAME-sbxc.EXT)")
+    g.add_argument("--require", action="store_true", help="turn every skip into a failure")
+    g.add_argument("--expected-skips", metavar="FILE", help="`test id | reason` lines; other skips fail")
+    p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST ARGS", help="passed to pytest after `--`")

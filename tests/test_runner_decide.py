@@ -1,0 +1,177 @@
+"""The mode decision as a table: every refusal and each way on, from hand-built findings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from probes.finding import Finding, Verdict
+from runners.decide import NEEDED, Decision, Mode, Request, decide
+
+S, D, U, DET, ND, UNK = (Verdict.supported, Verdict.denied, Verdict.unsupported, Verdict.detected,
+                         Verdict.not_detected, Verdict.unknown)
+
+
+def host(**over: tuple[Verdict, dict[str, Any]] | Verdict) -> dict[str, Finding]:
+    """A Linux host where native works, no engine, no signature; `over` replaces findings by id
+    (dots in ids spelled as `__`)."""
+    base: dict[str, tuple[Verdict, dict[str, Any]]] = {
+        "platform": (ND, {"os": "Debian GNU/Linux 12 (bookworm)", "kernel": "6.18.0", "wsl": None,
+                            "container": None}),
+        "bwrap": (S, {"path": "/usr/bin/bwrap", "version": "0.8.0", "version_tuple": [0, 8, 0]}),
+        "userns": (S, {}),
+        "userns.map": (S, {}),
+        "netns": (S, {}),
+        "sandboxed": (ND, {"signals": []}),
+        "deployment": (UNK, {"configured": False, "matches": []}),
+        "container_engine": (U, {"cli": None}),
+        "systemd_user": (U, {}),
+    }
+    for key, value in over.items():
+        pid = key.replace("__", ".")
+        base[pid] = value if isinstance(value, tuple) else (value, {})
+    return {pid: Finding(pid, v, f"{pid} is {v}", {}, facts) for pid, (v, facts) in base.items()}
+
+
+ENGINE = (S, {"cli": "docker", "socket": "/run/docker.sock"})
+SIGNATURE_MATCH = (DET, {"configured": True, "matches": ["unit agentd-agent.service"]})
+SIGNATURE_CLEAR = (ND, {"configured": True, "matches": []})
+SIGNATURE_FAILED = (UNK, {"configured": True, "arms": {"units": "failed: systemctl exited 1"}})
+DARWIN = (UNK, {"os": "Darwin", "kernel": None})
+WSL1 = (ND, {"os": "Ubuntu", "kernel": "4.4.0-19041-Microsoft", "wsl": "1"})
+MALFORMED = (UNK, {"configured": False, "errors": ["/etc/x.toml: Expected '=' (line 2)"]})
+NESTED = (D, {"cause": "nested", "errno": "ENOSPC"})
+SANDBOXED = (DET, {"signals": ["uid_map", "nested_userns_refused"]})
+
+
+def case(mode: str, expect: str | None, *, delegate: bool = False, **over: Any) -> Any:
+    return pytest.param(Request(Mode(mode), delegate), host(**over), expect,
+                        id=f"{mode}{'+delegate' if delegate else ''}-" + ("-".join(over) or "plain"))
+
+
+TABLE = [
+    # auto: each way on
+    case("auto", "native"),
+    case("auto", "native", deployment=SIGNATURE_CLEAR),
+    case("auto", "container", userns=D, container_engine=ENGINE),
+    case("auto", "container", netns=D, container_engine=ENGINE),
+    case("auto", "container", bwrap=(U, {"path": None}), container_engine=ENGINE),
+    case("auto", "container", platform=DARWIN, bwrap=U, userns=UNK, userns__map=UNK,
+         netns=UNK, container_engine=ENGINE),
+    case("auto", "container", sandboxed=UNK, container_engine=ENGINE),
+    # auto: refusals
+    case("auto", None, userns=D),
+    case("auto", None, userns__map=D),
+    case("auto", None, platform=DARWIN, bwrap=U),
+    case("auto", None, platform=WSL1),
+    case("auto", "container", platform=WSL1, container_engine=ENGINE),
+    case("auto", None, deployment=SIGNATURE_MATCH),
+    case("auto", None, deployment=SIGNATURE_MATCH, container_engine=ENGINE),
+    case("auto", None, deployment=SIGNATURE_FAILED),
+    case("auto", None, deployment=(UNK, {})),  # the probe crashed: no facts at all
+    case("auto", None, deployment=MALFORMED),
+    # explicit modes: the user means it
+    case("native", "native", deployment=SIGNATURE_MATCH),
+    case("native", "native", deployment=SIGNATURE_FAILED),
+    case("native", "native", userns=D),  # the witness suite then says what is missing
+    case("native", None, platform=DARWIN),
+    case("native", None, platform=WSL1),
+    case("container", "container", container_engine=ENGINE),
+    case("container", "container", deployment=SIGNATURE_MATCH, container_engine=ENGINE),
+    case("container", None),
+    case("container", None, container_engine=(D, {"cli": "docker"})),
+    case("container", None, container_engine=(UNK, {"cli": "docker"})),
+    # --delegate
+    case("native", None, delegate=True),
+    case("auto", None, delegate=True),
+    case("native", "native", delegate=True, systemd_user=S),
+    case("container", None, delegate=True, container_engine=ENGINE, systemd_user=S),
+    # inside a sandbox: no mode opens it
+    *[case(m, None, sandboxed=SANDBOXED, userns=NESTED) for m in Mode],
+    *[case(m, None, sandboxed=SANDBOXED, userns=NESTED, container_engine=ENGINE) for m in Mode],
+    *[case(m, None, sandboxed=SANDBOXED, deployment=SIGNATURE_MATCH) for m in Mode],
+]
+
+
+@pytest.mark.parametrize(("request_", "findings", "expect"), TABLE)
+def test_the_decision_table(request_: Request, findings: dict[str, Finding], expect: str | None) -> None:
+    d = decide(request_, findings)
+    assert isinstance(d, Decision)
+    assert d.mode == (Mode(expect) if expect else None), d.reasons
+    if d.refused:
+        assert d.reason and "\n" not in d.reason
+        assert d.ways_on, "every refusal names a way on"
+    else:
+        assert not d.ways_on
+
+
+def test_a_deployment_host_under_auto_names_both_ways_on() -> None:
+    d = decide(Request(), host(deployment=SIGNATURE_MATCH, container_engine=ENGINE))
+    assert d.refused
+    assert "deployment host" in d.reason and "agentd-agent.service" in d.reason
+    assert any(w.startswith("--mode container") for w in d.ways_on)
+    assert any(w.startswith("--mode native") for w in d.ways_on)
+
+
+def test_a_signature_that_could_not_be_checked_refuses_under_auto_and_says_so() -> None:
+    d = decide(Request(), host(deployment=SIGNATURE_FAILED))
+    assert d.refused and "could not be checked" in d.reason
+
+
+def test_no_signature_proceeds_with_a_note_saying_how_to_declare_one() -> None:
+    d = decide(Request(), host())
+    assert d.mode is Mode.native
+    assert any("no deployment signature configured" in n and "deployment.toml" in n for n in d.notes)
+
+
+def test_the_note_names_where_the_probe_would_read_a_signature() -> None:
+    d = decide(Request(), host(deployment=(UNK, {"configured": False, "declare_at": "/root/.config/x.toml"})))
+    assert any("/root/.config/x.toml" in n for n in d.notes)
+
+
+def test_a_checked_clear_signature_adds_no_note() -> None:
+    assert decide(Request(), host(deployment=SIGNATURE_CLEAR)).notes == ()
+
+
+def test_an_explicit_native_run_on_a_deployment_host_says_it_was_meant() -> None:
+    d = decide(Request(Mode.native), host(deployment=SIGNATURE_MATCH))
+    assert any("--mode native was given" in n for n in d.notes)
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_inside_a_sandbox_the_refusal_names_the_engine_and_nested_userns(mode: Mode) -> None:
+    d = decide(Request(mode), host(sandboxed=SANDBOXED, userns=NESTED))
+    assert d.refused
+    assert "inside a sandbox" in d.reason
+    assert "container engine is unreachable" in d.reason
+    assert "nested user namespaces are refused" in d.reason
+    assert "uid_map" in d.reason  # the signals that fired
+
+
+def test_inside_a_sandbox_with_a_reachable_engine_names_only_nesting() -> None:
+    d = decide(Request(Mode.container), host(sandboxed=SANDBOXED, userns=NESTED, container_engine=ENGINE))
+    assert d.refused
+    assert "nested user namespaces are refused" in d.reason
+    assert "engine is unreachable" not in d.reason
+
+
+def test_inside_an_old_bwrap_sandbox_the_refusal_does_not_claim_nesting_is_refused() -> None:
+    old = (S, {"path": "/usr/bin/bwrap", "version": "0.6.2", "version_tuple": [0, 6, 2]})
+    d = decide(Request(Mode.native), host(sandboxed=(DET, {"signals": ["uid_map"]}), bwrap=old))
+    assert d.refused
+    assert "0.6.2 is older than 0.8" in d.reason
+    assert "nested user namespaces are refused" not in d.reason
+
+
+def test_auto_refusal_names_every_missing_piece() -> None:
+    d = decide(Request(), host(userns=D, container_engine=(UNK, {"cli": "docker"})))
+    text = "\n".join(d.reasons)
+    assert "userns: denied" in text and "container engine is not reachable" in text
+
+
+def test_a_probe_that_did_not_report_is_never_read_as_a_pass() -> None:
+    findings = host()
+    del findings["netns"]
+    assert decide(Request(), findings).refused
+    assert set(NEEDED) >= set(host())
