@@ -1,0 +1,422 @@
+"""`sandbox-conformance controls`: prove every witness can go red, for the right reason (issue 6).
+
+Runs the witness suite once as the baseline (reference sandbox, nothing perturbed), then once per
+negative control (conformance/controls.py), and once with no sandbox at all; each run is a separate
+`sandbox-conformance witness ... --junitxml FILE` process, run in parallel (--jobs). The verdicts
+come from pytest's own results (conformance/controls_judge.py), never from exit statuses.
+
+stdout: one line per control, the coverage table, a summary (or one JSON document with --json).
+Exit 0 every control behaved and every witness is controlled or justified; 1 a control left a named
+witness green, reddened it for the wrong reason or changed an undeclared witness (each named), or the
+baseline itself is red; 2 bad input; 75 the baseline could not run (nothing can be controlled)."""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import os
+import pwd
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from conformance import controls as catalogue
+from conformance import controls_judge as judge_mod
+from conformance.controls import Control
+from conformance.controls_judge import Result, Status, Verdict
+from probes.run import Completed, Runner, minimal_env, run
+from runners.errors import EXIT_FAIL, EXIT_OK, Refusal, UsageError
+
+# A witness run takes well under a second here (one launch serves every witness); the bound is for a
+# wedged sandbox, and `witness` bounds each launch itself (--timeout).
+RUN_TIMEOUT = 120.0
+LAUNCH_TIMEOUT = 30.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of lines")
+    p.add_argument(
+        "--only",
+        metavar="NAME,...",
+        help=f"run only these controls (names from the catalogue, or {catalogue.UNSANDBOXED}); "
+        "the coverage table is then partial and does not fail the run",
+    )
+    p.add_argument(
+        "--as-user", metavar="NAME", help="(root only) launch every task as this unprivileged user"
+    )
+    p.add_argument("--jobs", type=int, default=2, metavar="N", help="witness runs in parallel (default 2)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=RUN_TIMEOUT,
+        metavar="SECONDS",
+        help=f"per witness run, whole process group killed (default {RUN_TIMEOUT:g})",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One witness run's JUnit results, or None with why there are none."""
+
+    results: Mapping[str, Result] | None
+    problem: str = ""
+    argv: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+
+WitnessRunner = Callable[[Sequence[str]], Run]
+
+
+def witness_runner(
+    *, as_user: str | None, timeout: float, workdir: Path, runner: Runner = run
+) -> WitnessRunner:
+    """Runs `sandbox-conformance witness EXTRA... --junitxml F` in its own process (pytest keeps
+    state per process, and a crashing control must not take the others down)."""
+    counter = iter(range(1_000_000))
+
+    def go(extra: Sequence[str]) -> Run:
+        junit = workdir / f"run-{next(counter)}.xml"
+        argv = [sys.executable, "-m", "runners.cli", "witness", "--junitxml", str(junit)]
+        argv += ["--timeout", str(min(LAUNCH_TIMEOUT, timeout))]
+        if as_user:
+            argv += ["--as-user", as_user]
+        argv += list(extra)
+        # minimal_env: no SANDBOX_CONFORMANCE_REQUIRE (a skip must stay a skip for the judge to see)
+        # and no SANDBOX_CONFORMANCE_PERTURB leaking into the baseline.
+        done: Completed = runner(argv, timeout=timeout, env=minimal_env(), cwd=str(workdir))
+        return _read(done, junit)
+
+    return go
+
+
+def _read(done: Completed, junit: Path) -> Run:
+    why = ""
+    if done.timed_out:
+        why = f"timed out after {done.seconds:.0f}s (process group killed)"
+    elif done.returncode not in (0, 1):
+        why = f"`witness` exited {done.returncode}: {done.stderr_tail(2) or '(no stderr)'}"
+    try:
+        text = junit.read_text()
+    except FileNotFoundError:
+        return Run(
+            None, why or f"no JUnit file: {done.stderr_tail(2) or '(no stderr)'}", done.argv, done.seconds
+        )
+    try:
+        results = judge_mod.parse_junit(text)
+    except judge_mod.JUnitError as e:
+        return Run(None, f"unreadable JUnit file: {e}", done.argv, done.seconds)
+    if why:
+        return Run(None, why, done.argv, done.seconds)
+    return Run(results, "", done.argv, done.seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    control: Control
+    extra: tuple[str, ...]  # `witness` arguments
+    collateral: tuple[catalogue.Collateral, ...]
+
+
+def plan(
+    chosen: Sequence[Control], *, disable_userns: bool, disable_userns_reason: str
+) -> tuple[list[Planned], list[Verdict]]:
+    """PURE: what to run for each chosen control on this host, and the ones that cannot apply."""
+    todo: list[Planned] = []
+    skipped: list[Verdict] = []
+    for c in chosen:
+        why = catalogue.not_applicable(
+            c, disable_userns=disable_userns, disable_userns_reason=disable_userns_reason
+        )
+        if why:
+            skipped.append(judge_mod.not_applicable(c, why))
+            continue
+        prefix = catalogue.launcher_prefix(c, disable_userns=disable_userns)
+        extra = ("--perturb", c.perturb) if c.perturb else ("--launcher", prefix or "")
+        todo.append(Planned(c, extra, catalogue.collateral(c, disable_userns=disable_userns)))
+    return todo, skipped
+
+
+def _choose(only: str | None) -> tuple[list[Control], bool]:
+    """(the catalogue's controls to run, whether to run the unsandboxed baseline)."""
+    if not only:
+        return list(catalogue.CONTROLS), True
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    known = catalogue.by_name()
+    unknown = [n for n in names if n not in known and n != catalogue.UNSANDBOXED]
+    if unknown or not names:
+        raise UsageError(
+            f"--only: unknown control {', '.join(unknown) or '(none given)'}; "
+            f"known: {', '.join([*known, catalogue.UNSANDBOXED])}"
+        )
+    return [known[n] for n in names if n in known], catalogue.UNSANDBOXED in names
+
+
+def _validate(args: argparse.Namespace) -> None:
+    if args.jobs < 1:
+        raise UsageError("--jobs: expected at least 1")
+    if args.timeout <= 0:
+        raise UsageError("--timeout: expected a positive number of seconds")
+    if args.as_user:
+        if os.geteuid() != 0:
+            raise UsageError("--as-user needs root (tasks are launched through setpriv)")
+        try:
+            pwd.getpwnam(args.as_user)
+        except KeyError:
+            raise UsageError(f"--as-user: no such user {args.as_user!r}") from None
+
+
+def _disable_userns(as_user: str | None) -> tuple[bool, str]:
+    """The guard probe the reference launcher itself uses (conformance/harness.py)."""
+    from conformance.harness import findings
+
+    f = findings(as_user).get("disable_userns")
+    if f is None:
+        return False, "the disable_userns probe did not report"
+    return bool(f.ok), f"{f.verdict}: {f.reason}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    baseline: Mapping[str, Result]
+    baseline_problem: judge_mod.BaselineProblem | None
+    verdicts: list[Verdict]  # catalogue controls, in catalogue order
+    planned: list[Planned]
+    unsandboxed_planned: Planned | None
+    unsandboxed: Verdict | None
+    unsandboxed_results: Mapping[str, Result] | None
+    coverage: list[judge_mod.Coverage]
+    partial: bool
+    disable_userns: tuple[bool, str]
+
+    @property
+    def exit_code(self) -> int:
+        bad = [v for v in self.verdicts if not v.ok]
+        if self.unsandboxed is not None and not self.unsandboxed.ok:
+            bad.append(self.unsandboxed)
+        neither = [c for c in self.coverage if c.status == "NEITHER"] if not self.partial else []
+        return EXIT_FAIL if bad or neither or self.baseline_problem else EXIT_OK
+
+
+def execute(
+    witness: WitnessRunner,
+    chosen: Sequence[Control],
+    *,
+    with_unsandboxed: bool,
+    disable_userns: tuple[bool, str],
+    jobs: int,
+    partial: bool,
+) -> Report:
+    base = witness(())
+    problem = judge_mod.baseline_problems(base.results, base.problem)
+    if problem is not None and problem.could_not_run:
+        raise Refusal(
+            "the baseline (reference sandbox, nothing perturbed) could not run: " + "; ".join(problem.lines),
+            ways_on=["sandbox-conformance witness  # see why the reference sandbox does not run here"],
+        )
+    assert base.results is not None
+    baseline = base.results
+    todo, verdicts = plan(chosen, disable_userns=disable_userns[0], disable_userns_reason=disable_userns[1])
+    unsb: Planned | None = None
+    if with_unsandboxed:
+        passed = [t for t, r in baseline.items() if r.outcome is judge_mod.Outcome.passed]
+        other = {t: f"{r.outcome}" for t, r in baseline.items() if r.outcome is not judge_mod.Outcome.passed}
+        c = catalogue.unsandboxed(passed, other)
+        unsb = Planned(c, ("--launcher", c.prefix or "env"), c.collateral)
+    jobs_list = [*todo, *([unsb] if unsb else [])]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="sbxc-control") as pool:
+        runs = dict(
+            zip(
+                [p.control.name for p in jobs_list],
+                pool.map(lambda p: witness(p.extra), jobs_list),
+                strict=True,
+            )
+        )
+    for p in todo:
+        r = runs[p.control.name]
+        verdicts.append(
+            judge_mod.judge(
+                p.control,
+                baseline,
+                r.results,
+                collateral=[x.test for x in p.collateral],
+                run_problem=r.problem,
+            )
+        )
+    order = {c.name: i for i, c in enumerate(chosen)}
+    verdicts.sort(key=lambda v: order[v.control])
+    unsandboxed_verdict = None
+    unsandboxed_results = None
+    if unsb is not None:
+        r = runs[unsb.control.name]
+        unsandboxed_results = r.results
+        unsandboxed_verdict = judge_mod.judge(
+            unsb.control,
+            baseline,
+            r.results,
+            collateral=[x.test for x in unsb.collateral],
+            run_problem=r.problem,
+        )
+    cov = judge_mod.coverage(
+        baseline,
+        list(chosen),
+        {v.control: v for v in verdicts},
+        {catalogue.key(u.test): u.reason for u in catalogue.UNCONTROLLED},
+        [c for c in catalogue.CONTROLS if c not in chosen],
+    )
+    return Report(
+        baseline,
+        problem,
+        verdicts,
+        todo,
+        unsb,
+        unsandboxed_verdict,
+        unsandboxed_results,
+        cov,
+        partial,
+        disable_userns,
+    )
+
+
+# ---- output ---------------------------------------------------------------------------------------------
+
+
+def _verdict_lines(label: str, v: Verdict, must: int) -> list[str]:
+    if v.status is Status.not_applicable:
+        return [f"{label}: not applicable here: {v.reason}"]
+    if v.status is Status.ok:
+        extra = f"; declared collateral seen: {', '.join(v.collateral_seen)}" if v.collateral_seen else ""
+        return [f"{label}: OK: {len(v.reddened)}/{must} named witness(es) red by an assertion{extra}"]
+    return [f"{label}: FAILED", *(f"  - {p}" for p in v.problems)]
+
+
+def human(report: Report, controls: Mapping[str, Control]) -> list[str]:
+    lines: list[str] = []
+    counts: dict[str, int] = {}
+    for r in report.baseline.values():
+        counts[r.outcome] = counts.get(r.outcome, 0) + 1
+    lines.append(
+        f"baseline: {len(report.baseline)} witnesses: "
+        + ", ".join(f"{n} {o}" for o, n in sorted(counts.items()))
+    )
+    if report.baseline_problem:
+        lines += [f"  - {p}" for p in report.baseline_problem.lines]
+    for v in report.verdicts:
+        lines += _verdict_lines(f"control {v.control}", v, len(controls[v.control].reddens))
+    if report.unsandboxed is not None and report.unsandboxed_planned is not None:
+        c = report.unsandboxed_planned.control
+        lines += _verdict_lines(f"{c.name} ({c.what})", report.unsandboxed, len(c.reddens))
+    lines.append("")
+    lines.append(
+        f"coverage ({len(report.coverage)} witnesses{', partial: --only' if report.partial else ''}):"
+    )
+    width = max((len(c.test) for c in report.coverage), default=0)
+    for c in report.coverage:
+        detail = ", ".join(c.controls) if c.controls else c.detail
+        lines.append(f"  {c.status:<10} {c.test:<{width}}  {detail}")
+    ok = sum(1 for v in report.verdicts if v.status is Status.ok)
+    failed = [v.control for v in report.verdicts if v.status is Status.failed]
+    na = sum(1 for v in report.verdicts if v.status is Status.not_applicable)
+    if report.unsandboxed is not None and not report.unsandboxed.ok:
+        failed.append(catalogue.UNSANDBOXED)
+    by_status: dict[str, int] = {}
+    for c in report.coverage:
+        by_status[c.status] = by_status.get(c.status, 0) + 1
+    lines.append(
+        f"controls: {ok} OK, {len(failed)} FAILED{' (' + ', '.join(failed) + ')' if failed else ''}, "
+        f"{na} not applicable; coverage: "
+        + ", ".join(f"{n} {s}" for s, n in sorted(by_status.items()))
+        + f": {'PASS' if report.exit_code == EXIT_OK else 'FAIL'}"
+    )
+    return lines
+
+
+def _verdict_json(v: Verdict, c: Control, planned: Planned | None) -> dict[str, Any]:
+    how: dict[str, Any]
+    if c.perturb:
+        how = {"perturb": c.perturb}
+    else:
+        how = {
+            "launcher": planned.extra[1] if planned else catalogue.launcher_prefix(c, disable_userns=False)
+        }
+    return {
+        "name": c.name,
+        "what": c.what,
+        **how,
+        "status": str(v.status),
+        "must_redden": [catalogue.key(t) for t in c.reddens],
+        "reddened": list(v.reddened),
+        "declared_collateral": [
+            {"test": catalogue.key(x.test), "reason": x.reason}
+            for x in (planned.collateral if planned else c.collateral)
+        ],
+        "collateral_seen": list(v.collateral_seen),
+        "problems": list(v.problems),
+        "reason": v.reason,
+    }
+
+
+def to_json(report: Report, controls: Mapping[str, Control]) -> dict[str, Any]:
+    planned = {p.control.name: p for p in report.planned}
+    unsb = None
+    if report.unsandboxed is not None and report.unsandboxed_planned is not None:
+        p = report.unsandboxed_planned
+        unsb = _verdict_json(report.unsandboxed, p.control, p)
+    unsb_results = report.unsandboxed_results or {}
+    return {
+        "version": 1,
+        "exit": report.exit_code,
+        "disable_userns": {"works": report.disable_userns[0], "reason": report.disable_userns[1]},
+        "baseline": {
+            "problems": list(report.baseline_problem.lines) if report.baseline_problem else [],
+            "witnesses": {
+                t: {"outcome": str(r.outcome), "message": r.message} for t, r in report.baseline.items()
+            },
+        },
+        "controls": [_verdict_json(v, controls[v.control], planned.get(v.control)) for v in report.verdicts],
+        "unsandboxed": unsb,
+        "coverage": [
+            {
+                "test": c.test,
+                "status": c.status,
+                "controls": list(c.controls),
+                "detail": c.detail,
+                "unsandboxed": str(unsb_results[c.test].outcome) if c.test in unsb_results else None,
+            }
+            for c in report.coverage
+        ],
+        "partial": report.partial,
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    _validate(args)
+    chosen, with_unsandboxed = _choose(args.only)
+    from probes.host import Host
+
+    if Host().which("bwrap") is None:
+        raise Refusal(
+            "no bwrap on PATH: the reference sandbox, which every control perturbs, cannot run",
+            ways_on=["apt-get install bubblewrap"],
+        )
+    disable_userns = _disable_userns(args.as_user)
+    with tempfile.TemporaryDirectory(prefix="sbxc-controls-") as tmp:
+        witness = witness_runner(as_user=args.as_user, timeout=args.timeout, workdir=Path(tmp))
+        report = execute(
+            witness,
+            chosen,
+            with_unsandboxed=with_unsandboxed,
+            disable_userns=disable_userns,
+            jobs=args.jobs,
+            partial=bool(args.only),
+        )
+    controls = catalogue.by_name()
+    if args.json:
+        print(json.dumps(to_json(report, controls), indent=2))
+    else:
+        for line in human(report, controls):
+            print(line)
+    return report.exit_code

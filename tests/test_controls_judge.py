@@ -1,0 +1,338 @@
+"""The negative controls' judge and the `controls` command's logic, on synthetic JUnit results.
+
+The XML is shaped like pytest's own junitxml output (a <testcase> with <properties>, then at most a
+<failure>, <error> or <skipped>), with the properties conformance/plugin.py attaches."""
+
+from __future__ import annotations
+
+import argparse
+import xml.sax.saxutils as sx
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+from conformance import bwrap_argv, controls, controls_cmd
+from conformance import controls_judge as j
+from conformance import test_witnesses as witness_module
+from conformance.controls import Collateral, Control, Needs
+from conformance.controls_judge import Outcome, Status
+from runners.errors import EXIT_FAIL, EXIT_OK, Refusal, UsageError
+
+A, B, C, D = "test_a[x]", "test_b", "test_c", "test_d"
+
+
+def case(name: str, body: str = "", **props: str) -> str:
+    p = "".join(f'<property name="{k}" value={sx.quoteattr(v)} />' for k, v in props.items())
+    return (
+        f'<testcase classname="test_witnesses" name={sx.quoteattr(name)} time="0.001">'
+        f'<properties><property name="sbxc_family" value="f" />{p}</properties>{body}</testcase>'
+    )
+
+
+def assertion(msg: str = "AssertionError: saw ok, not EROFS") -> str:
+    return f"<failure message={sx.quoteattr(msg)}>E   {sx.escape(msg)}</failure>"
+
+
+HARNESS = (
+    '<error message="failed on setup with &quot;conformance.launch.HarnessError: launcher: exited 70&quot;">'
+    "HarnessError</error>"
+)
+SKIP = '<skipped type="pytest.skip" message="the host has no file to hide">skip</skipped>'
+
+
+def junit(*cases: str) -> str:
+    return (
+        '<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests">'
+        f'<testsuite name="pytest" errors="0" failures="0" skipped="0" tests="{len(cases)}">'
+        + "".join(cases)
+        + "</testsuite></testsuites>"
+    )
+
+
+BASELINE = j.parse_junit(junit(case(A), case(B), case(C), case(D)))
+
+
+def control(reddens: Sequence[str] = (A,), collateral: Sequence[Collateral] = ()) -> Control:
+    return Control(
+        "synthetic",
+        "one thing",
+        reddens=tuple(f"test_witnesses.py::{t}" for t in reddens),
+        perturb="mask_dropped",
+        collateral=tuple(collateral),
+    )
+
+
+def verdict(c: Control, *cases: str) -> j.Verdict:
+    return j.judge(c, BASELINE, j.parse_junit(junit(*cases)), collateral=[x.test for x in c.collateral])
+
+
+# ---- classifying one testcase -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "props", "expected"),
+    [
+        ("", {}, Outcome.passed),
+        (assertion(), {}, Outcome.assertion),
+        # The plugin's record of what an assertion saw is enough even if the message is reworded.
+        (assertion("assert 'ok' == 'EROFS'"), {"sbxc_saw": "saw ok"}, Outcome.assertion),
+        (assertion("KeyError: 'interfaces'"), {}, Outcome.crashed),
+        (HARNESS, {}, Outcome.error),
+        (HARNESS, {"sbxc_harness_error": "launcher: exited 70"}, Outcome.error),
+        (SKIP, {}, Outcome.skipped),
+        # --sbxc-require turns a skip into a <failure>: still a skip, never an assertion.
+        (
+            assertion("witness skipped under --sbxc-require"),
+            {"sbxc_required_skip": "no file to hide"},
+            Outcome.skipped,
+        ),
+        # A teardown error after a failing body: pytest writes both; the error decides.
+        (assertion() + HARNESS, {}, Outcome.error),
+    ],
+)
+def test_each_testcase_is_classified_from_junit_elements_and_plugin_properties(
+    body: str, props: Mapping[str, str], expected: Outcome
+) -> None:
+    assert j.parse_junit(junit(case(A, body, **props)))[A].outcome is expected
+
+
+def test_unreadable_or_ambiguous_junit_is_an_error_not_an_empty_result() -> None:
+    with pytest.raises(j.JUnitError, match="not XML"):
+        j.parse_junit("<testsuites")
+    with pytest.raises(j.JUnitError, match="root element"):
+        j.parse_junit("<html/>")
+    with pytest.raises(j.JUnitError, match="two testcases"):
+        j.parse_junit(junit(case(A), case(A)))
+
+
+# ---- judging one control -------------------------------------------------------------------------
+
+
+def test_a_control_that_reddens_its_test_by_an_assertion_and_nothing_else_is_ok() -> None:
+    v = verdict(control(), case(A, assertion()), case(B), case(C), case(D))
+    assert v.status is Status.ok and v.problems == () and v.reddened == (A,)
+
+
+def test_a_control_that_leaves_its_test_green_fails_naming_it() -> None:
+    v = verdict(control(), case(A), case(B), case(C), case(D))
+    assert v.status is Status.failed
+    assert v.problems == (f"{A}: left green",)
+
+
+def test_a_control_that_reddens_its_test_through_a_harness_error_fails() -> None:
+    v = verdict(control(), case(A, HARNESS, sbxc_harness_error="exited 70"), case(B), case(C), case(D))
+    assert v.status is Status.failed and v.reddened == ()
+    assert v.problems[0].startswith(f"{A}: red for the wrong reason: error (harness error: exited 70")
+
+
+def test_a_control_that_reddens_its_test_through_a_skip_fails() -> None:
+    v = verdict(control(), case(A, SKIP), case(B), case(C), case(D))
+    assert v.status is Status.failed
+    assert v.problems == (f"{A}: red for the wrong reason: skipped (the host has no file to hide)",)
+
+
+def test_a_control_whose_test_crashes_with_another_exception_fails() -> None:
+    v = verdict(control(), case(A, assertion("KeyError: 'tcp'")), case(B), case(C), case(D))
+    assert v.status is Status.failed and "crashed (KeyError: 'tcp')" in v.problems[0]
+
+
+def test_a_control_with_unexpected_collateral_fails_naming_the_collateral() -> None:
+    v = verdict(control(), case(A, assertion()), case(B, assertion()), case(C), case(D, SKIP))
+    assert v.status is Status.failed and v.reddened == (A,)
+    assert [p.split(":")[0] for p in v.problems] == [B, D]
+    assert "undeclared collateral: passed in the baseline, assertion" in v.problems[0]
+
+
+def test_a_control_with_declared_collateral_is_ok_and_reports_what_it_saw() -> None:
+    c = control(collateral=[Collateral(f"test_witnesses.py::{B}", "same mount")])
+    v = verdict(c, case(A, assertion()), case(B, assertion()), case(C), case(D))
+    assert v.status is Status.ok and v.collateral_seen == (B,)
+
+
+def test_a_witness_missing_from_the_controls_run_is_a_change() -> None:
+    v = verdict(control(), case(A, assertion()), case(B), case(C))
+    assert v.status is Status.failed and v.problems == (
+        f"{D}: undeclared collateral: passed in the baseline, did not run here",
+    )
+
+
+def test_a_named_witness_the_baseline_lacks_or_did_not_pass_fails_the_control() -> None:
+    baseline = j.parse_junit(junit(case(A, SKIP), case(B)))
+    run = j.parse_junit(junit(case(A, assertion()), case(B)))
+    v = j.judge(control(reddens=(A, "test_renamed")), baseline, run)
+    assert v.status is Status.failed
+    assert v.problems[0].startswith(f"{A}: did not pass in the baseline (skipped")
+    assert v.problems[1].startswith("test_renamed: no such witness in the baseline")
+
+
+def test_a_run_without_junit_results_fails_with_the_reason() -> None:
+    v = j.judge(control(), BASELINE, None, run_problem="timed out after 120s")
+    assert v.status is Status.failed and v.problems == (
+        "no JUnit results from the witness run: timed out after 120s",
+    )
+
+
+# ---- the baseline and coverage ------------------------------------------------------------------------
+
+
+def test_a_baseline_that_could_not_run_is_told_apart_from_a_red_one() -> None:
+    assert j.baseline_problems(None, "no bwrap").could_not_run  # type: ignore[union-attr]
+    errored = j.parse_junit(junit(case(A, HARNESS), case(B, HARNESS)))
+    assert j.baseline_problems(errored).could_not_run  # type: ignore[union-attr]
+    red = j.baseline_problems(j.parse_junit(junit(case(A, assertion()), case(B), case(C, SKIP))))
+    assert red is not None and not red.could_not_run
+    assert [line.split(":")[0] for line in red.lines] == [A]
+    assert j.baseline_problems(j.parse_junit(junit(case(A), case(B, SKIP)))) is None
+
+
+def test_coverage_lists_each_witness_as_controlled_justified_or_neither() -> None:
+    baseline = j.parse_junit(junit(case(A), case(B), case(C), case(D, SKIP), case("test_e")))
+    c1 = control(reddens=(A,))
+    c2 = Control("c2", "other", reddens=("test_witnesses.py::test_e",), perturb="ipc_shared")
+    unrun = Control("c3", "not chosen", reddens=("test_witnesses.py::test_c",), perturb="uts_shared")
+    verdicts = {
+        "synthetic": j.Verdict("synthetic", Status.ok, reddened=(A,)),
+        "c2": j.Verdict("c2", Status.failed, ("test_e: left green",)),
+    }
+    cov = {c.test: c for c in j.coverage(baseline, [c1, c2], verdicts, {B: "cannot be perturbed"}, [unrun])}
+    assert (cov[A].status, cov[A].controls) == ("controlled", ("synthetic",))
+    assert (cov[B].status, cov[B].detail) == ("justified", "cannot be perturbed")
+    assert cov[C].status == "unselected"
+    assert cov[D].status == "not_run"
+    assert cov["test_e"].status == "NEITHER" and "named by c2" in cov["test_e"].detail
+
+
+# ---- the catalogue -----------------------------------------------------------------------------------
+
+
+def test_every_catalogue_control_names_real_witnesses_and_real_perturbations() -> None:
+    names = [c.name for c in controls.CONTROLS]
+    assert len(names) == len(set(names))
+    for c in controls.CONTROLS:
+        assert c.reddens, c.name
+        assert c.perturb is None or c.perturb in bwrap_argv.PERTURBATIONS, c.name
+        for t in (*c.reddens, *(x.test for x in c.collateral)):
+            assert callable(getattr(witness_module, controls.key(t).split("[")[0], None)), t
+
+
+def test_every_perturbation_of_the_reference_launcher_has_a_control() -> None:
+    assert {c.perturb for c in controls.CONTROLS if c.perturb} == set(bwrap_argv.PERTURBATIONS)
+
+
+def test_the_nested_userns_control_needs_disable_userns_and_external_controls_declare_it() -> None:
+    nested = controls.by_name()["nested_userns_enabled"]
+    assert nested.needs is Needs.disable_userns
+    assert controls.not_applicable(nested, disable_userns=True, disable_userns_reason="") is None
+    assert "ENOSPC missing" in (
+        controls.not_applicable(nested, disable_userns=False, disable_userns_reason="ENOSPC missing") or ""
+    )
+    ext = controls.by_name()["workdir_read_only"]
+    assert controls.collateral(ext, disable_userns=True) == ()
+    assert [x.test for x in controls.collateral(ext, disable_userns=False)] == [controls.NESTED_USERNS]
+    assert "--disable-userns" in (controls.launcher_prefix(ext, python="py", disable_userns=True) or "")
+    assert "--disable-userns" not in (controls.launcher_prefix(ext, python="py", disable_userns=False) or "")
+    assert controls.launcher_prefix(nested, disable_userns=True) is None
+
+
+def test_the_unsandboxed_baseline_requires_every_isolation_witness_that_passed() -> None:
+    c = controls.unsandboxed(["test_a_read_only_path_is_readable[/usr]", A, B], {C: "skipped"})
+    assert [controls.key(t) for t in c.reddens] == [A, B]  # availability witnesses are not required red
+    assert [controls.key(x.test) for x in c.collateral] == [C]
+    assert c.prefix == "env"
+
+
+# ---- the command's logic with a fake witness runner ----------------------------------------------------
+
+
+class FakeWitness:
+    """Maps `witness` arguments to canned JUnit text (None: no results)."""
+
+    def __init__(self, by_extra: Mapping[tuple[str, ...], str | None]) -> None:
+        self.by_extra, self.calls = by_extra, []  # type: ignore[var-annotated]
+
+    def __call__(self, extra: Sequence[str]) -> controls_cmd.Run:
+        self.calls.append(tuple(extra))
+        text = self.by_extra.get(tuple(extra))
+        if text is None:
+            return controls_cmd.Run(None, "`witness` exited 2: bad")
+        return controls_cmd.Run(j.parse_junit(text))
+
+
+def _execute(witness: FakeWitness, chosen: Sequence[Control], **kw: object) -> controls_cmd.Report:
+    return controls_cmd.execute(
+        witness,
+        chosen,
+        with_unsandboxed=bool(kw.get("unsandboxed", False)),
+        disable_userns=(bool(kw.get("disable_userns", True)), "probe said so"),
+        jobs=2,
+        partial=bool(kw.get("partial", True)),
+    )
+
+
+def test_the_command_exits_0_when_every_control_behaves_and_1_naming_one_that_does_not() -> None:
+    good = Control("good", "x", reddens=(f"test_witnesses.py::{A}",), perturb="ipc_shared")
+    bad = Control("bad", "y", reddens=(f"test_witnesses.py::{B}",), perturb="uts_shared")
+    fake = FakeWitness(
+        {
+            (): junit(case(A), case(B)),
+            ("--perturb", "ipc_shared"): junit(case(A, assertion()), case(B)),
+            ("--perturb", "uts_shared"): junit(case(A), case(B)),
+        }
+    )
+    report = _execute(fake, [good])
+    assert report.exit_code == EXIT_OK
+    report = _execute(fake, [good, bad])
+    assert report.exit_code == EXIT_FAIL
+    assert [(v.control, v.status) for v in report.verdicts] == [("good", Status.ok), ("bad", Status.failed)]
+    assert any(
+        "control bad: FAILED" in line for line in controls_cmd.human(report, {"good": good, "bad": bad})
+    )
+
+
+def test_the_command_refuses_with_75_when_the_baseline_cannot_run() -> None:
+    with pytest.raises(Refusal, match=r"baseline .* could not run"):
+        _execute(FakeWitness({(): None}), [controls.by_name()["ipc_shared"]])
+    with pytest.raises(Refusal, match="no witness passed"):
+        _execute(FakeWitness({(): junit(case(A, HARNESS))}), [controls.by_name()["ipc_shared"]])
+
+
+def test_a_full_run_fails_when_a_witness_is_neither_controlled_nor_justified() -> None:
+    good = Control("good", "x", reddens=(f"test_witnesses.py::{A}",), perturb="ipc_shared")
+    fake = FakeWitness(
+        {
+            (): junit(case(A), case(B)),
+            ("--perturb", "ipc_shared"): junit(case(A, assertion()), case(B)),
+            ("--launcher", "env"): junit(case(A, assertion()), case(B, assertion())),
+        }
+    )
+    report = _execute(fake, [good], unsandboxed=True, partial=False)
+    assert report.unsandboxed is not None and report.unsandboxed.status is Status.ok
+    assert [c.status for c in report.coverage] == ["controlled", "NEITHER"]
+    assert report.exit_code == EXIT_FAIL
+    assert _execute(fake, [good], unsandboxed=True, partial=True).exit_code == EXIT_OK
+
+
+def test_a_not_applicable_control_is_not_run() -> None:
+    nested = controls.by_name()["nested_userns_enabled"]
+    fake = FakeWitness({(): junit(case(A))})
+    report = _execute(fake, [nested], disable_userns=False)
+    assert fake.calls == [()]
+    assert report.verdicts[0].status is Status.not_applicable and report.exit_code == EXIT_OK
+
+
+@pytest.mark.parametrize("only", ["nope", "ipc_shared,nope", ","])
+def test_only_with_an_unknown_name_is_a_usage_error(only: str) -> None:
+    with pytest.raises(UsageError, match="--only: unknown control"):
+        controls_cmd._choose(only)
+
+
+def test_only_selects_controls_and_the_unsandboxed_baseline() -> None:
+    chosen, unsb = controls_cmd._choose(f"uts_shared,{controls.UNSANDBOXED}")
+    assert [c.name for c in chosen] == ["uts_shared"] and unsb
+    assert controls_cmd._choose(None) == (list(controls.CONTROLS), True)
+
+
+def test_bad_jobs_is_a_usage_error() -> None:
+    args = argparse.Namespace(jobs=0, timeout=10.0, as_user=None)
+    with pytest.raises(UsageError, match="--jobs"):
+        controls_cmd._validate(args)
