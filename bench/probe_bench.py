@@ -2,8 +2,10 @@
 """How much does `sandbox-conformance probe --json` cost over the bare operations it has to attempt?
 
 Bare operations: one interpreter start-up (the venv python, `-c pass`) plus one throwaway bwrap per
-ladder rung (`userns`, `userns.map`, `netns`, `pidns.proc`, `disable_userns`), each running
-/bin/true with the flags that rung needs, one after another. Both sides run in the same process,
+ladder rung (`userns`, `userns.map`, `netns`, `pidns.proc`, `disable_userns`), each with the flags
+that rung needs, running the smallest observer a rung can have: `python3 -I -S -c pass` (a rung that
+ran nothing inside could not see whether lo is up or the nested unshare is refused; the witness
+benchmark uses the same floor), one after another. Both sides run in the same process,
 interleaved (probe, bare, probe, bare, ...) so a noisy neighbour hits both alike; the figure is the
 ratio of the medians. Target: at most 2.0.
 
@@ -54,7 +56,8 @@ def must(done: Completed, what: str) -> None:
 
 
 def bare_argvs(python: str, bwrap: str) -> list[list[str]]:
-    return [[python, "-c", "pass"]] + [[bwrap, *args, "--", "/bin/true"] for args in RUNG_ARGS.values()]
+    observer = ["/usr/bin/python3", "-I", "-S", "-c", "pass"]
+    return [[python, "-c", "pass"]] + [[bwrap, *args, "--", *observer] for args in RUNG_ARGS.values()]
 
 
 def bare_sequential(argvs: list[list[str]]) -> float:
@@ -128,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         "probe_median_s": round(probe_m, 4), "bare_median_s": round(seq_m, 4),
         "bare_concurrent_median_s": round(conc_m, 4), "cli_startup_median_s": round(start_m, 4),
         "ratio": round(ratio, 3), "ratio_vs_concurrent_bare": round(strict, 3),
-        "bare_operations": ["python -c pass", *(f"bwrap {r}" for r in RUNG_ARGS)],
+        "bare_operations": ["python -c pass", *(f"bwrap {r} python3 -I -S -c pass" for r in RUNG_ARGS)],
         "ok": ratio <= args.target,
     }
     if args.json:

@@ -38,6 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "{workdir} expanded; task spec JSON named by $SANDBOX_CONFORMANCE_TASK_SPEC), or "
         "entry-point:NAME from group sandbox_conformance.launchers; default: the reference bwrap",
     )
+    p.add_argument(
+        "--adapter",
+        metavar="NAME",
+        help="test a sandbox this project did not write: unshare, runc, crun, systemd-run or docker "
+        "(sets --profile and --launcher; `python -m conformance.adapters list`)",
+    )
     p.add_argument("--as-user", metavar="NAME", help="(root only) launch tasks as this unprivileged user")
     p.add_argument("--junitxml", metavar="FILE", help="write JUnit XML here")
     p.add_argument(
@@ -142,6 +148,18 @@ def promise_lines(results: list[_Result]) -> list[tuple[str, str, str]]:
 
 
 def _validate(args: argparse.Namespace) -> tuple[profile_mod.Profile, Any]:
+    if getattr(args, "adapter", None):
+        if args.profile or args.launcher:
+            raise UsageError("--adapter sets --profile and --launcher: give either --adapter or those")
+        from conformance import adapters
+
+        try:
+            resolved = adapters.resolve(args.adapter, as_user=args.as_user)
+        except KeyError as e:
+            raise UsageError(f"--adapter: {e.args[0]}") from None
+        except adapters.Unavailable as e:
+            raise Refusal(f"adapter {args.adapter}: not tested: {e}") from None
+        args.profile, args.launcher = str(resolved.profile), resolved.launcher
     try:
         prof = profile_mod.load(args.profile)
     except profile_mod.ProfileError as e:

@@ -11,6 +11,7 @@ import dataclasses
 @dataclasses.dataclass(frozen=True)
 class WitnessOptions:
     profile: str | None = None
+    adapter: str | None = None
     launcher: str | None = None
     as_user: str | None = None
     junitxml: str | None = None
@@ -21,13 +22,14 @@ class WitnessOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WitnessOptions:
-        return cls(args.profile, args.launcher, args.as_user, args.junitxml, args.json, bool(args.require),
+        return cls(args.profile, args.adapter, args.launcher, args.as_user, args.junitxml, args.json, bool(args.require),
                    args.expected_skips, tuple(args.pytest_args or ()))
 
     def argv(self) -> list[str]:
         """The witness command's arguments, an option and its value side by side."""
         out: list[str] = []
-        for flag, value in (("--profile", self.profile), ("--launcher", self.launcher),
+        for flag, value in (("--profile", self.profile), ("--adapter", self.adapter),
+                            ("--launcher", self.launcher),
                             ("--as-user", self.as_user), ("--junitxml", self.junitxml), ("--json", self.json),
                             ("--expected-skips", self.expected_skips)):
             if value is not None:
@@ -42,6 +44,7 @@ class WitnessOptions:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("witness options (passed to `sandbox-conformance witness`)")
     g.add_argument("--profile", metavar="FILE", help="the sandbox profile (default: the embedded reference)")
+    g.add_argument("--adapter", metavar="NAME", help="a sandbox tool's adapter: unshare, runc, crun, ...")
     g.add_argument("--launcher", metavar="PREFIX", help="an external launcher command prefix")
     g.add_argument("--as-user", metavar="NAME", help="(native, root only) launch tasks as this user")
     g.add_argument("--junitxml", metavar="FILE", help="JUnit XML (container: NAME-root.EXT, NAME-sbxc.EXT)")

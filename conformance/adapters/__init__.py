@@ -1,0 +1,147 @@
+"""Adapters: sandboxes this project did not write, each as an external-launcher prefix plus a
+profile of what that tool promises under the options the prefix uses.
+
+    sandbox-conformance witness --profile "$(python -m conformance.adapters profile unshare)" \\
+        --launcher "$(python -m conformance.adapters launcher unshare)"
+
+or `resolve(name)` from Python. An adapter that cannot run here raises `Unavailable` with the one
+line a person can act on (the witness command turns it into exit 75; tests skip with it).
+
+A profile promises only what the tool gives under those options; where it is narrower than the
+reference profile, the profile says why (the tool never claimed that promise). A promise the tool
+claims but does not keep is a red witness, never a narrower profile."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+
+
+class Unavailable(Exception):
+    """This adapter cannot run on this host or as this user: the reason, one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    name: str
+    profile: Path  # a TOML file conformance.profile.load reads
+    launcher: str  # the --launcher prefix (placeholders unexpanded)
+
+    def witness_args(self) -> list[str]:
+        return ["--profile", str(self.profile), "--launcher", self.launcher]
+
+
+@dataclasses.dataclass(frozen=True)
+class Adapter:
+    name: str
+    summary: str
+    profile: str  # file name in conformance/adapters/
+    # (as_user, env) -> the launcher prefix; raises Unavailable
+    prefix: Callable[[str | None, Mapping[str, str]], str]
+
+
+def profile_path(file: str) -> Path:
+    """The packaged profile as a real path (package data; an editable or a wheel install alike)."""
+    ref = resources.files("conformance.adapters") / file
+    return Path(str(ref))
+
+
+def _python() -> str:
+    # The interpreter that has this package installed: the launcher helper modules run under it.
+    return sys.executable or "python3"
+
+
+def _unshare(as_user: str | None, env: Mapping[str, str]) -> str:
+    from conformance.adapters import unshare
+
+    return unshare.prefix()
+
+
+def _oci(runtime: str) -> Callable[[str | None, Mapping[str, str]], str]:
+    def build(as_user: str | None, env: Mapping[str, str]) -> str:
+        from conformance.adapters import oci
+
+        euid = os.geteuid() if as_user is None else 1  # any non-root uid: --as-user runs it rootless
+        why = oci.unavailable(runtime, euid=euid)
+        if why:
+            raise Unavailable(why)
+        return shlex.join([_python(), "-m", "conformance.adapters.oci", "--runtime", runtime, "--"])
+
+    return build
+
+
+def _systemd_run(as_user: str | None, env: Mapping[str, str]) -> str:
+    from conformance.adapters import systemd_run
+
+    return systemd_run.prefix()
+
+
+def _docker(as_user: str | None, env: Mapping[str, str]) -> str:
+    from conformance.adapters import docker
+
+    return docker.prefix(env)
+
+
+ADAPTERS: Mapping[str, Adapter] = {
+    a.name: a
+    for a in (
+        Adapter(
+            "unshare", "util-linux unshare(1): user, net, pid, ipc, uts namespaces", "unshare.toml", _unshare
+        ),
+        Adapter(
+            "runc", "runc run of a generated OCI bundle (rootless: needs --as-user)", "oci.toml", _oci("runc")
+        ),
+        Adapter("crun", "crun run of a generated OCI bundle (as root)", "oci.toml", _oci("crun")),
+        Adapter(
+            "systemd-run",
+            "a transient systemd service with sandboxing properties",
+            "systemd-run.toml",
+            _systemd_run,
+        ),
+        Adapter("docker", "docker run with chosen flags against $DOCKER_HOST", "docker.toml", _docker),
+    )
+}
+
+
+def resolve(name: str, *, as_user: str | None = None, env: Mapping[str, str] | None = None) -> Resolved:
+    """The witness arguments for adapter `name`; KeyError for an unknown name, Unavailable when it
+    cannot run here."""
+    try:
+        adapter = ADAPTERS[name]
+    except KeyError:
+        raise KeyError(f"no adapter {name!r} (known: {', '.join(ADAPTERS)})") from None
+    prefix = adapter.prefix(as_user, os.environ if env is None else env)
+    return Resolved(name, profile_path(adapter.profile), prefix)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m conformance.adapters (list | profile NAME | launcher NAME | args NAME) [--as-user U]`."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m conformance.adapters", description=main.__doc__)
+    p.add_argument("what", choices=("list", "profile", "launcher", "args"))
+    p.add_argument("name", nargs="?")
+    p.add_argument("--as-user", metavar="NAME", help="the user the witness will launch tasks as")
+    a = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if a.what == "list":
+        for ad in ADAPTERS.values():
+            print(f"{ad.name}\t{ad.summary}")
+        return 0
+    if a.name is None:
+        p.error(f"{a.what}: which adapter? ({', '.join(ADAPTERS)})")
+    try:
+        r = resolve(a.name, as_user=a.as_user)
+    except KeyError as e:
+        print(f"sandbox-conformance: {e.args[0]}", file=sys.stderr)
+        return 2
+    except Unavailable as e:
+        print(f"sandbox-conformance: adapter {a.name}: not tested: {e}", file=sys.stderr)
+        return 75
+    args = r.witness_args() + (["--as-user", a.as_user] if a.as_user else [])
+    print({"profile": str(r.profile), "launcher": r.launcher, "args": shlex.join(args)}[a.what])
+    return 0

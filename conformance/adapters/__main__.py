@@ -1,0 +1,5 @@
+import sys
+
+from conformance.adapters import main
+
+sys.exit(main())

@@ -1,0 +1,56 @@
+"""systemd-run(1) as a sandbox: the task is a transient service with sandboxing properties
+(systemd.exec(5)), its stdio piped through (--pipe), waited for (--wait), collected (--collect).
+
+Only where systemd is PID 1: systemd-run asks the system manager over D-Bus to start the unit, and
+without a manager there is nothing to ask. sd_booted(3) defines "booted with systemd" as
+/run/systemd/system/ existing; we require that and PID 1's comm being `systemd`."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+from pathlib import Path
+
+from conformance.adapters import Unavailable
+
+# systemd.exec(5) properties and what each one promises (systemd >= 252, Debian 12):
+PROPERTIES = (
+    "PrivateNetwork=yes",  # a new network namespace with only lo
+    "PrivateIPC=yes",
+    "ProtectHostname=yes",  # a private uts namespace
+    "ProtectSystem=strict",  # the whole file system read-only but /dev, /proc, /sys...
+    "ReadWritePaths={workdir} {user_tmp}",  # ...except these
+    "TemporaryFileSystem={state}/db:ro",  # the mask: an empty read-only tmpfs
+    "TemporaryFileSystem={state}/users:ro",  # hides other tasks and users...
+    "BindReadOnlyPaths={control}",  # ...with this task's trees bound back on top
+    "BindPaths={workdir} {user_tmp}",
+    "NoNewPrivileges=yes",
+    "CapabilityBoundingSet=",  # empty: no capabilities
+    "AmbientCapabilities=",
+    "RestrictNamespaces=~user",  # a nested user namespace is refused (seccomp)
+    "WorkingDirectory={workdir}",
+)
+
+
+def booted(root: Path = Path("/")) -> str | None:
+    """Why systemd-run cannot be used here, or None."""
+    if not (root / "run/systemd/system").is_dir():
+        return "systemd is not PID 1 (no /run/systemd/system, sd_booted(3))"
+    try:
+        comm = (root / "proc/1/comm").read_text().strip()
+    except FileNotFoundError:
+        return "no /proc/1/comm: cannot tell what PID 1 is"
+    if comm != "systemd":
+        return f"systemd is not PID 1 (PID 1 is {comm!r})"
+    return None
+
+
+def prefix(root: Path = Path("/")) -> str:
+    why = booted(root)
+    if why:
+        raise Unavailable(why)
+    exe = shutil.which("systemd-run")
+    if exe is None:
+        raise Unavailable("systemd-run not installed (apt-get install systemd)")
+    props = [w for p in PROPERTIES for w in ("--property", p)]
+    return shlex.join([exe, "--quiet", "--wait", "--pipe", "--collect", "--service-type=exec", *props])
