@@ -22,8 +22,8 @@ class WitnessOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WitnessOptions:
-        return cls(args.profile, args.adapter, args.launcher, args.as_user, args.junitxml, args.json, bool(args.require),
-                   args.expected_skips, tuple(args.pytest_args or ()))
+        return cls(args.profile, args.adapter, args.launcher, args.as_user, args.junitxml, args.json,
+                   bool(args.require), args.expected_skips, tuple(args.pytest_args or ()))
 
     def argv(self) -> list[str]:
         """The witness command's arguments, an option and its value side by side."""

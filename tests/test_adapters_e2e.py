@@ -302,7 +302,7 @@ def test_an_oci_launch_killed_on_timeout_leaves_no_container_behind(
         layout.remove(lay)
 
 
-def test_witness_adapter_option_runs_the_named_adapter_and_refuses_one_that_cannot_run(tmp_path: Path) -> None:
+def test_witness_adapter_option_runs_the_named_adapter(tmp_path: Path) -> None:
     """`witness --adapter NAME` is the user's spelling of --profile + --launcher for a shipped adapter."""
     j = tmp_path / "r.json"
     done = witness("--adapter", "unshare", "--json", str(j))

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +31,25 @@ def reference_ready(root_only: None, bwrap_path: str) -> None:
     """The controls perturb the reference sandbox; where it cannot run they cannot either."""
 
 
-def _our_temp_dirs() -> set[str]:
-    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("sbxc-controls-")}
+@pytest.fixture
+def private_tmpdir() -> Iterator[Path]:
+    """A TMPDIR of this test's own, so what the command leaves is told apart from what other runs on
+    the machine are doing in /tmp at the same time. 0755 and outside pytest's 0700 base: with
+    --as-user the layout under it must be traversable by the task user."""
+    path = Path(tempfile.mkdtemp(prefix="sbxc-e2e-tmp-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
-def run_controls(*args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+def run_controls(
+    *args: str, tmpdir: Path | None = None
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmpdir)
     done = subprocess.run(
         [sys.executable, "-m", "runners.cli", "controls", "--json", *args],
         cwd=REPO,
@@ -41,7 +57,7 @@ def run_controls(*args: str) -> tuple[subprocess.CompletedProcess[str], dict[str
         capture_output=True,
         timeout=300,
         # No SANDBOX_CONFORMANCE_REQUIRE from CI: the command must judge skips as skips itself.
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        env=env,
     )
     try:
         doc = json.loads(done.stdout)
@@ -54,12 +70,11 @@ def run_controls(*args: str) -> tuple[subprocess.CompletedProcess[str], dict[str
 
 @pytest.mark.parametrize("as_user", [None, "sbxc-test"], ids=["root", "unprivileged"])
 def test_every_control_reddens_exactly_its_witnesses_and_every_witness_is_covered(
-    reference_ready: None, request: pytest.FixtureRequest, as_user: str | None
+    reference_ready: None, request: pytest.FixtureRequest, as_user: str | None, private_tmpdir: Path
 ) -> None:
     if as_user:
         as_user = request.getfixturevalue("test_user")
-    before = _our_temp_dirs()
-    done, doc = run_controls(*(["--as-user", as_user] if as_user else []))
+    done, doc = run_controls(*(["--as-user", as_user] if as_user else []), tmpdir=private_tmpdir)
     failed = {c["name"]: c["problems"] for c in doc["controls"] if c["status"] == "failed"}
     assert not failed, f"controls that misbehaved: {failed}"
     assert doc["unsandboxed"]["status"] == "ok", doc["unsandboxed"]["problems"]
@@ -80,7 +95,7 @@ def test_every_control_reddens_exactly_its_witnesses_and_every_witness_is_covere
         if r["outcome"] == "passed" and t not in controls.AVAILABILITY
     ]
     assert isolation and sorted(doc["unsandboxed"]["reddened"]) == sorted(isolation)
-    assert _our_temp_dirs() == before
+    assert list(private_tmpdir.iterdir()) == [], "the controls run left files in its TMPDIR"
 
 
 def _judge_real(chosen: list[Control]) -> controls_cmd.Report:

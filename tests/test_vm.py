@@ -1,0 +1,461 @@
+"""The VM mode: image building and the host-side plumbing (unit), then one real boot that checks what the
+mode promises (integration: one VM for all of it, since this host only offers TCG)."""
+
+from __future__ import annotations
+
+import io
+import json
+import lzma
+import os
+import pwd
+import re
+import shutil
+import stat
+import struct
+import subprocess
+from pathlib import Path
+
+import psutil
+import pytest
+
+from probes.run import Completed
+from runners import vm, vm_image, vm_mode, vm_selfcheck, vm_suite
+from runners.vm import Accel, VmError, VmResult, check_workdir, kernel_cmdline, qemu_argv, run_in_vm
+from runners.vm_image import (
+    ImageError,
+    VmImage,
+    elf_has_interpreter,
+    extract_vmlinux,
+    kernel_version_of,
+    modinfo_field,
+    module_order,
+    newc_archive,
+    parse_meta_depends,
+)
+from runners.witness_args import WitnessOptions
+
+# ---------------------------------------------------------------- image: pure parts
+
+
+def test_the_kernel_package_is_read_from_the_meta_package_dependency():
+    out = "linux-image-amd64\n  Depends: linux-image-6.1.0-57-amd64\n"
+    assert parse_meta_depends(out) == "linux-image-6.1.0-57-amd64"
+    assert parse_meta_depends("linux-image-amd64\n") is None
+
+
+def test_the_cloud_kernel_is_refused_because_it_has_no_9p():
+    assert kernel_version_of("linux-image-6.1.0-57-amd64") == "6.1.0-57-amd64"
+    with pytest.raises(ImageError, match="no 9p"):
+        kernel_version_of("linux-image-6.1.0-57-cloud-amd64")
+    with pytest.raises(ImageError):
+        kernel_version_of("busybox-static")
+
+
+def test_modinfo_depends_is_read_from_the_module_bytes():
+    ko = b"\x7fELF junk\x00license=GPL\x00depends=9pnet,fscache,netfs\x00name=9p\x00"
+    assert modinfo_field(ko, "depends") == "9pnet,fscache,netfs"
+    assert modinfo_field(ko, "name") == "9p"
+    assert modinfo_field(ko, "vermagic") is None
+
+
+def test_modules_load_after_their_dependencies_each_once():
+    deps = {"9p": ["9pnet", "fscache", "netfs"], "9pnet": [], "fscache": ["netfs"], "netfs": [],
+            "9pnet_virtio": ["virtio", "9pnet", "virtio_ring"], "virtio": ["virtio_ring"], "virtio_ring": []}
+    order = module_order(["9pnet_virtio", "9p"], deps)
+    assert sorted(order) == sorted(deps)
+    for mod, needs in deps.items():
+        assert all(order.index(n) < order.index(mod) for n in needs), (mod, order)
+
+
+def test_a_missing_or_cyclic_module_is_an_error():
+    with pytest.raises(ImageError, match="not found"):
+        module_order(["9p"], {"9p": ["netfs"]})
+    with pytest.raises(ImageError, match="cycle"):
+        module_order(["a"], {"a": ["b"], "b": ["a"]})
+
+
+def test_the_vmlinux_is_found_inside_an_xz_bzimage():
+    elf = b"\x7fELF" + os.urandom(64)
+    bz = b"MZ setup code \xfd7zXZ\x00 not a stream " + lzma.compress(elf, format=lzma.FORMAT_XZ) + b"tail"
+    assert extract_vmlinux(bz) == elf
+    assert extract_vmlinux(b"MZ" + lzma.compress(b"not an elf", format=lzma.FORMAT_XZ)) is None
+
+
+def _elf64(interp: bool) -> bytes:
+    phoff, phentsize = 64, 56
+    header = bytearray(64)
+    header[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<Q", header, 0x20, phoff)
+    struct.pack_into("<HH", header, 0x36, phentsize, 2)
+    phdrs = struct.pack("<I52x", 1) + struct.pack("<I52x", 3 if interp else 1)  # PT_LOAD, PT_INTERP
+    return bytes(header) + phdrs
+
+
+def test_a_dynamically_linked_busybox_is_told_apart_from_a_static_one():
+    assert elf_has_interpreter(_elf64(interp=True))
+    assert not elf_has_interpreter(_elf64(interp=False))
+    assert elf_has_interpreter(Path(os.path.realpath("/usr/bin/python3")).read_bytes()[:1 << 16])
+
+
+def test_the_initramfs_archive_is_a_newc_cpio_that_busybox_cpio_reads(tmp_path):
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("busybox not installed (apt-get install busybox-static: scripts/vm-deps)")
+    entries = vm_image.initramfs_entries(b"#!fake busybox\n", [("virtio", b"V" * 5), ("9p", b"P" * 7)])
+    archive = newc_archive(entries)
+    assert len(archive) % 4 == 0
+    # busybox's own cpio is the independent reader: it must list and extract what we wrote.
+    listing = subprocess.run([busybox, "cpio", "-t"], input=archive, capture_output=True, timeout=30)
+    names = set(listing.stdout.decode().split())
+    assert {"init", "bin/busybox", "bin/sh", "bin/switch_root", "modules/9p.ko", "modules.order",
+            "dev/console"} <= names
+    out = tmp_path / "x"
+    out.mkdir()
+    subprocess.run([busybox, "cpio", "-i", "-d"], input=newc_archive([e for e in entries
+                   if not stat.S_ISCHR(e.mode)]), cwd=out, capture_output=True, timeout=30, check=True)
+    assert (out / "modules.order").read_text() == "virtio\n9p\n"
+    assert (out / "modules" / "9p.ko").read_bytes() == b"P" * 7
+    assert os.readlink(out / "bin" / "switch_root") == "busybox"
+    assert (out / "init").stat().st_mode & 0o111
+    assert (out / "init").read_text() == vm_image.INIT_SCRIPT
+
+
+def test_init_mounts_a_fresh_cgroup2_and_uses_switch_root_not_chroot():
+    script = vm_image.INIT_SCRIPT
+    assert re.search(r"mount -t cgroup2 -o nsdelegate cgroup2 /newroot/sys/fs/cgroup", script)
+    assert "exec switch_root /newroot " in script
+    commands = [line.split("#", 1)[0] for line in script.splitlines()]
+    assert not any("chroot" in c.split() for c in commands)
+
+
+def test_a_stale_initramfs_is_not_loaded(tmp_path):
+    (tmp_path / "modules").mkdir()
+    (tmp_path / "modules" / "9p.ko").write_bytes(b"P")
+    (tmp_path / "vmlinux").write_bytes(b"k")
+    (tmp_path / "initramfs-0000.cpio").write_bytes(b"i")
+    (tmp_path / "manifest.json").write_text(json.dumps({
+        "kernel_version": "6.1.0-57-amd64", "kernel": "vmlinux", "initramfs": "initramfs-0000.cpio",
+        "modules": ["9p"], "wanted": list(vm_image.WANTED_MODULES)}))
+    with pytest.raises(ImageError, match="stale"):
+        vm_image.load_image(tmp_path, busybox_data=b"bb")
+    good = vm_image.initramfs_name(b"bb", [("9p", b"P")])
+    (tmp_path / "initramfs-0000.cpio").rename(tmp_path / good)
+    (tmp_path / "manifest.json").write_text(json.dumps({
+        "kernel_version": "6.1.0-57-amd64", "kernel": "vmlinux", "initramfs": good, "modules": ["9p"],
+        "wanted": list(vm_image.WANTED_MODULES)}))
+    assert vm_image.load_image(tmp_path, busybox_data=b"bb").initramfs == tmp_path / good
+    # an image built for another module list is stale too, even with a matching initramfs name
+    doc = json.loads((tmp_path / "manifest.json").read_text())
+    (tmp_path / "manifest.json").write_text(json.dumps({**doc, "wanted": ["9p"]}))
+    with pytest.raises(ImageError, match="stale"):
+        vm_image.load_image(tmp_path, busybox_data=b"bb")
+
+
+# ---------------------------------------------------------------- host side: pure parts
+
+
+def test_the_kernel_command_line_forbids_cgroup_v1_and_carries_the_workdir(tmp_path):
+    line = kernel_cmdline(tmp_path)
+    assert "cgroup_no_v1=all" in line.split()
+    assert f"sbxc_work={tmp_path}" in line.split()
+    assert "panic=-1" in line.split()
+
+
+@pytest.mark.parametrize("bad", ["/", "/proc/x", "/run/sbxc", "/tmp/has space", "/nonexistent-h6-dir"])
+def test_a_workdir_the_guest_could_not_share_is_refused(bad, tmp_path):
+    if bad == "/tmp/has space":
+        bad_path = tmp_path / "has space"
+        bad_path.mkdir()
+        bad = str(bad_path)
+    with pytest.raises(VmError):
+        check_workdir(Path(bad))
+
+
+def test_the_host_root_is_shared_read_only_and_only_the_workdir_read_write(tmp_path):
+    image = VmImage("6.1.0-57-amd64", tmp_path / "vmlinux", tmp_path / "initramfs.cpio", tmp_path)
+    argv = qemu_argv(image, tmp_path, Accel.tcg, console=tmp_path / "c.log")
+    fsdevs = [argv[i + 1] for i, a in enumerate(argv) if a == "-fsdev"]
+    assert len(fsdevs) == 2
+    root = next(f for f in fsdevs if "id=hostroot" in f)
+    work = next(f for f in fsdevs if "id=work" in f)
+    assert "path=/," in root and "readonly=on" in root
+    assert f"path={tmp_path}," in work and "readonly" not in work
+    assert argv[argv.index("-accel") + 1] == "tcg"
+    assert "-no-reboot" in argv
+
+
+class FakeGuest:
+    """Stands in for qemu: plays the guest's side of the exchange in workdir/.sbxc-vm."""
+
+    def __init__(self, exit_code=None, stdout="", stderr="", timed_out=False, stage2_log=""):
+        self.exit_code, self.stdout, self.stderr = exit_code, stdout, stderr
+        self.timed_out, self.stage2_log = timed_out, stage2_log
+        self.calls: list[tuple[list[str], float]] = []
+        self.request = None
+
+    def __call__(self, argv, *, timeout, input=None, env=None, cwd=None):
+        self.calls.append((list(argv), timeout))
+        work = Path(re.search(r"sbxc_work=(\S+)", argv[argv.index("-append") + 1]).group(1))
+        control = work / ".sbxc-vm"
+        self.request = json.loads((control / "request.json").read_text())
+        assert (control / "stage2.py").read_text() == vm.STAGE2.read_text()
+        (control / "stdout").write_text(self.stdout)
+        (control / "stderr").write_text(self.stderr)
+        (control / "boot_seconds").write_text("3.5\n")
+        if self.stage2_log:
+            (control / "stage2.log").write_text(self.stage2_log)
+        if self.exit_code is not None:
+            (control / "exit_code").write_text(f"{self.exit_code}\n")
+        return Completed(tuple(argv), None if self.timed_out else 0, "", "", 1.0, timed_out=self.timed_out)
+
+
+@pytest.fixture
+def fake_image(tmp_path, monkeypatch):
+    monkeypatch.setattr(vm.shutil, "which", lambda name: f"/usr/bin/{name}")
+    d = tmp_path / "image"
+    d.mkdir()
+    return VmImage("6.1.0-57-amd64", d / "vmlinux", d / "initramfs.cpio", d)
+
+
+def test_exit_code_and_output_come_back_and_the_exchange_is_removed(tmp_path, fake_image):
+    work = tmp_path / "work"
+    work.mkdir()
+    guest = FakeGuest(exit_code=7, stdout="out\n", stderr="err\n")
+    live = (io.StringIO(), io.StringIO())
+    r = run_in_vm(["sh", "-c", "exit 7"], workdir=work, timeout=30, env={"A": "1"}, image=fake_image,
+                  accel=Accel.tcg, runner=guest, live=live)
+    assert (live[0].getvalue(), live[1].getvalue()) == ("out\n", "err\n")  # followed, once each
+    assert (r.exit_code, r.stdout, r.stderr, r.boot_seconds, r.accel) == (7, "out\n", "err\n", 3.5, Accel.tcg)
+    assert r.error is None
+    assert guest.request == {"argv": ["sh", "-c", "exit 7"], "env": {"A": "1"}, "cwd": "/", "timeout": 30}
+    assert guest.calls[0][1] == 30 + vm.BOOT_BUDGET
+    assert not (work / ".sbxc-vm").exists()
+
+
+def test_a_guest_that_never_reports_is_an_error_naming_what_it_saw(tmp_path, fake_image):
+    work = tmp_path / "work"
+    work.mkdir()
+    r = run_in_vm(["true"], workdir=work, timeout=5, image=fake_image, accel=Accel.tcg,
+                  runner=FakeGuest(stage2_log="stage2 failed: FileNotFoundError: request.json\n"))
+    assert r.exit_code is None and not r.ok
+    assert "never reported" in r.error and "request.json" in r.error
+    r = run_in_vm(["true"], workdir=work, timeout=5, image=fake_image, accel=Accel.tcg,
+                  runner=FakeGuest(timed_out=True))
+    assert r.timed_out and r.exit_code is None and "killed after" in r.error
+
+
+def test_kvm_is_chosen_only_when_a_trial_boot_reaches_the_guest(tmp_path, fake_image, monkeypatch):
+    monkeypatch.setattr(vm, "kvm_usable_device", lambda: True)
+    monkeypatch.setattr(vm, "_accel_cache", {})
+    assert vm.select_accel(fake_image, runner=FakeGuest(exit_code=None, timed_out=True), env={}) is Accel.tcg
+    # remembered next to the image: a second call does not boot again
+    assert vm.select_accel(fake_image, runner=None, env={}) is Accel.tcg  # type: ignore[arg-type]
+    monkeypatch.setattr(vm, "_accel_cache", {})
+    for f in fake_image.directory.glob("accel-*"):
+        f.unlink()
+    trial = FakeGuest(exit_code=0)
+    assert vm.select_accel(fake_image, runner=trial, env={}) is Accel.kvm
+    argv, timeout = trial.calls[0]
+    assert argv[argv.index("-accel") + 1] == "kvm" and timeout <= vm.KVM_TRIAL_TIMEOUT
+    assert vm.select_accel(fake_image, env={"SANDBOX_CONFORMANCE_VM_ACCEL": "tcg"}) is Accel.tcg
+    with pytest.raises(VmError):
+        vm.select_accel(fake_image, env={"SANDBOX_CONFORMANCE_VM_ACCEL": "xen"})
+
+
+# ---------------------------------------------------------------- integration: one real boot
+
+
+def _image_or_skip() -> VmImage:
+    if os.geteuid() != 0:
+        pytest.skip("the VM tier runs as root (qemu's 9p passthrough keeps host owners only as root)")
+    if shutil.which(vm.QEMU) is None:
+        pytest.skip(f"{vm.QEMU} not installed: run scripts/vm-deps")
+    try:
+        return vm_image.ensure_image()
+    except ImageError as e:
+        pytest.skip(f"no VM image: {e}")
+
+
+def _our_qemus(marker: str) -> list[str]:
+    out = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        if (p.info["name"] or "").startswith("qemu-system") and marker in " ".join(p.info["cmdline"] or []):
+            out.append(" ".join(p.info["cmdline"]))
+    return out
+
+
+@pytest.fixture(scope="session")
+def vm_run(tmp_path_factory, test_user) -> tuple[VmResult, dict, list[str]]:
+    image = _image_or_skip()
+    work = tmp_path_factory.mktemp("vm")
+    result = run_in_vm(["/usr/bin/python3", "-I", "-S",
+                        str(Path(vm_selfcheck.__file__).resolve()), "--user", test_user],
+                       workdir=work, timeout=600, image=image)
+    leftover = _our_qemus(str(work))
+    try:
+        report = json.loads(result.stdout)
+    except json.JSONDecodeError:
+        report = {}
+    print(f"\nVM self-check: accel={result.accel} boot={result.boot_seconds}s "
+          f"wall={result.wall_seconds:.1f}s")
+    return result, report, leftover
+
+
+def _report(vm_run) -> dict:
+    result, report, _ = vm_run
+    assert result.exit_code == 0, (result.error, result.stderr[-2000:], result.console[-2000:])
+    return report
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+class TestInsideTheVm:
+    def test_the_guest_ran_and_left_no_qemu_behind(self, vm_run):
+        result, _, leftover = vm_run
+        assert result.exit_code == 0, (result.error, result.stderr[-2000:], result.console[-2000:])
+        assert result.boot_seconds is not None and result.boot_seconds < vm.BOOT_BUDGET
+        assert leftover == []
+
+    def test_cgroup2_is_the_only_hierarchy(self, vm_run):
+        h = _report(vm_run)["hierarchy"]
+        assert h["proc_self_cgroup"] == ["0::/"]
+        assert h["cgroup_mounts"] == [["/sys/fs/cgroup", "cgroup2"]]
+
+    def test_loopback_is_up_so_the_network_witnesses_are_not_vacuous(self, vm_run):
+        lo = _report(vm_run)["loopback"]
+        assert (lo.get("connect"), lo.get("up")) == ("ok", True), lo
+
+    def test_an_interface_besides_lo_exists_so_a_shared_netns_would_show(self, vm_run):
+        assert "dummy0" in _report(vm_run)["loopback"]["interfaces"]
+
+    def test_the_root_offers_the_memory_and_pids_controllers(self, vm_run):
+        assert {"memory", "pids"} <= set(_report(vm_run)["hierarchy"]["controllers"])
+
+    def test_cgroup_setup_proved_a_delegated_root(self, vm_run):
+        setup = _report(vm_run)["setup"]
+        assert setup.get("root") == "/sys/fs/cgroup/tasks", setup
+
+    def test_an_allocation_past_memory_max_is_oom_killed_and_counted(self, vm_run):
+        oom = _report(vm_run)["oom"]
+        assert oom.get("memory_max") == str(32 << 20), oom
+        assert oom["returncode"] == -9, oom  # SIGKILL from the OOM killer
+        assert oom["memory_events"]["oom_kill"] >= 1, oom
+
+    def test_without_memory_max_the_same_allocation_survives(self, vm_run):
+        control = _report(vm_run)["oom_control"]
+        assert control.get("memory_max") == "max", control
+        assert control["returncode"] == 0 and control["stdout"] == str(200 << 20), control
+        assert control["memory_events"].get("oom_kill", 0) == 0, control
+
+    def test_forking_past_pids_max_fails_with_eagain(self, vm_run):
+        pids = _report(vm_run)["pids"]
+        assert pids.get("refused") == "EAGAIN", pids
+        assert pids["forked"] == pids["pids_max"] - 1, pids  # the forker itself holds one pid
+        assert pids["pids_events"].get("max", 0) >= 1, pids
+
+    def test_without_pids_max_every_fork_succeeds(self, vm_run):
+        control = _report(vm_run)["pids_control"]
+        assert control.get("refused") is None and control["forked"] == 64, control
+
+    def test_cgroup_kill_reaps_a_whole_tree(self, vm_run):
+        kill = _report(vm_run)["kill"]
+        assert len(kill.get("before", [])) == 5, kill
+        assert kill["method"] == "cgroup.kill"
+        assert kill["after"] == [] and kill["alive_after"] == [], kill
+
+    def test_bwrap_creates_a_user_namespace_as_the_unprivileged_user(self, vm_run, test_user):
+        bwrap = _report(vm_run)["bwrap"]
+        inside = bwrap.get("inside")
+        assert bwrap.get("returncode") == 0 and inside, bwrap
+        uid = pwd.getpwnam(test_user).pw_uid
+        assert inside["euid"] == uid
+        assert inside["uid_map"][0] == str(uid), inside  # the user keeps its own uid inside
+        assert inside["userns"] != bwrap["outer_userns"]
+
+    def test_the_task_reads_its_own_leaf_in_proc_self_cgroup(self, vm_run):
+        bwrap = _report(vm_run)["bwrap"]
+        assert bwrap["inside"]["cgroup"] == [f"0::{bwrap['leaf']}"], bwrap
+
+    def test_a_neighbour_leaf_is_not_writable_from_inside(self, vm_run):
+        bwrap = _report(vm_run)["bwrap"]
+        assert bwrap["inside"]["neighbour_write"] in ("EROFS", "EACCES", "EPERM"), bwrap
+        assert bwrap["neighbour_memory_max"] == str(256 << 20)
+
+    def test_every_leaf_was_removed(self, vm_run):
+        assert _report(vm_run)["leftover_leaves"] == []
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_hung_guest_command_is_stopped_at_its_timeout_and_qemu_exits(tmp_path, root_only):
+    image = _image_or_skip()
+    r = run_in_vm(["sh", "-c", "echo started; sleep 600"], workdir=tmp_path, timeout=3, image=image)
+    assert r.exit_code == 124, (r.error, r.console[-1000:])
+    assert r.stdout == "started\n"
+    assert r.wall_seconds < 3 + vm.BOOT_BUDGET
+    assert _our_qemus(str(tmp_path)) == []
+
+
+# ---------------------------------------------------------------- run --mode vm: host and guest drivers
+
+
+def test_the_vm_runs_root_and_the_unprivileged_user_as_two_legs():
+    assert vm_mode.legs(WitnessOptions(), passwd=lambda name: object()) == ["root", "sbxc-test:sbxc-test"]
+
+    def nobody(name):
+        raise KeyError(name)
+
+    assert vm_mode.legs(WitnessOptions(), passwd=nobody) == ["root"]
+    assert vm_mode.legs(WitnessOptions(as_user="alice"), passwd=nobody) == ["alice:alice"]
+
+
+def test_the_guest_gets_our_settings_but_never_a_cgroup_root_of_ours():
+    env = vm_mode.guest_env({"SANDBOX_CONFORMANCE_REQUIRE": "1", "SANDBOX_CONFORMANCE_CGROUP_ROOT": "/x",
+                             "SANDBOX_CONFORMANCE_MODE": "vm", "AWS_SECRET_ACCESS_KEY": "s", "PATH": "/bin"})
+    assert env["SANDBOX_CONFORMANCE_REQUIRE"] == "1"
+    assert "SANDBOX_CONFORMANCE_CGROUP_ROOT" not in env and "SANDBOX_CONFORMANCE_MODE" not in env
+    assert "AWS_SECRET_ACCESS_KEY" not in env
+    assert env["HOME"] == "/root"
+
+
+def test_inputs_are_copied_into_the_share_and_reports_come_back_per_leg(tmp_path):
+    profile = tmp_path / "p.toml"
+    profile.write_text("x = 1\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    opts, reports = vm_mode.inside_options(
+        WitnessOptions(profile=str(profile), json=str(tmp_path / "out" / "r.json"), as_user="bob"), work)
+    assert Path(opts.profile).parent == work and Path(opts.profile).read_text() == "x = 1\n"
+    assert opts.as_user is None  # the leg says who, not the options
+    assert opts.json == str(work / "out-report-{label}.json")
+    assert reports == {str(work / "out-report-{label}.json"): str(tmp_path / "out" / "r-{label}.json")}
+    argv = vm_mode.guest_argv(opts, leg_specs=["root", "u:u"], summary=work / "s.json", timeout=60,
+                              python="/venv/bin/python")
+    assert argv[:3] == ["/venv/bin/python", "-m", "runners.vm_suite"]
+    assert argv[argv.index("--") + 1:] == opts.argv()
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--leg"] == ["root", "u:u"]
+
+
+@pytest.mark.parametrize(("codes", "want"), [([0, 0], 0), ([0, 1], 1), ([75, 0], 75), ([2, 75], 2),
+                                             ([None, 0], 1), ([], 1), ([1, 2], 1)])
+def test_the_legs_combine_into_one_exit_code_as_container_mode_does(codes, want):
+    assert vm_suite.combine(codes) == want
+    assert vm_suite.parse_leg("root") == ("root", None)
+    assert vm_suite.parse_leg("sbxc:sbxc-test") == ("sbxc", "sbxc-test")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1200)
+def test_run_mode_vm_brings_back_the_suites_verdict_and_each_legs_report(tmp_path, test_user, capsys):
+    _image_or_skip()
+    said: list[str] = []
+    report = tmp_path / "report.json"
+    code = vm_mode.run_vm(WitnessOptions(json=str(report)), timeout=900, say=said.append,
+                          environ={"SANDBOX_CONFORMANCE_REQUIRE": "1"})
+    out = capsys.readouterr()
+    assert code == 0, (said, out.out[-3000:], out.err[-3000:])
+    for label in ("root", test_user):
+        doc = json.loads((tmp_path / f"report-{label}.json").read_text())
+        assert doc["exit"] == 0 and doc["summary"]["kept"] > 0, doc["summary"]
+    assert any(s.startswith("vm: as root: exit 0") for s in said), said
+    assert not list(Path("/var/tmp").glob("sbxc-vm.*"))
