@@ -52,6 +52,7 @@ class DockerTier:
     base: str  # the imported debootstrap image
     image: str  # the image built from the Dockerfile
     setup_seconds: float
+    cgroup_parent: str = ""  # where dockerd files its containers' cgroups; removed at teardown
 
     @property
     def env(self) -> dict[str, str]:
@@ -106,8 +107,29 @@ def _mounts_under(tmp: Path) -> list[str]:
     return sorted(points, key=len, reverse=True)
 
 
+CGROUP_FS = Path("/sys/fs/cgroup")
+
+
+def cgroup_dirs(name: str, fs: Path = CGROUP_FS) -> list[Path]:
+    """Every directory named `name` at the top of each mounted hierarchy (v1 controllers, unified)."""
+    if not fs.is_dir():
+        return []
+    return [h / name for h in sorted(fs.iterdir()) if (h / name).is_dir()] + (
+        [fs / name] if (fs / name / "cgroup.procs").exists() else [])
+
+
+def remove_cgroup_tree(top: Path) -> None:
+    """rmdir a cgroup tree bottom-up (cgroupfs allows rmdir only of a directory with no children and no
+    tasks; its control files go with it). Only ever called on the parent our dockerd was told to use."""
+    for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(FileNotFoundError):
+            d.rmdir()
+    with contextlib.suppress(FileNotFoundError):
+        top.rmdir()
+
+
 def teardown(tmp: Path, daemon: subprocess.Popen[bytes] | None, docker: str,
-             env: dict[str, str]) -> list[str]:
+             env: dict[str, str], cgroup_parent: str | None = None) -> list[str]:
     """Leave nothing behind. Returns what it had to force, for the log."""
     forced: list[str] = []
     if daemon is not None and daemon.poll() is None:
@@ -139,6 +161,14 @@ def teardown(tmp: Path, daemon: subprocess.Popen[bytes] | None, docker: str,
         forced.append(f"unmounted {point}")
         if run(["umount", point], timeout=30).returncode != 0:
             run(["umount", "--lazy", point], timeout=30)
+    if cgroup_parent:
+        # dockerd (cgroupfs driver) made this parent in every hierarchy for its containers and leaves
+        # it behind when it stops; the containers' own cgroups went with them.
+        for top in cgroup_dirs(cgroup_parent):
+            try:
+                remove_cgroup_tree(top)
+            except OSError as e:
+                forced.append(f"could not remove cgroup {top}: {e.strerror}")
     shutil.rmtree(tmp, ignore_errors=True)
     return forced
 
@@ -168,27 +198,31 @@ def docker_tier_up() -> Iterator[DockerTier]:
            "HOME": str(tmp / "home"), "DOCKER_CONFIG": str(tmp / "home" / ".docker")}
     daemon: subprocess.Popen[bytes] | None = None
     log = tmp / "dockerd.log"
+    tag = secrets.token_hex(4)
+    # Without this dockerd files its containers under a `docker` cgroup in every hierarchy of the host
+    # and never removes it; a parent named for this run is one teardown can find and remove.
+    cgroup_parent = f"sbxc-docker-{tag}"
     try:
         with log.open("wb") as out:
             daemon = subprocess.Popen(
                 [dockerd, "--host", host, "--data-root", str(tmp / "data"), "--exec-root", str(tmp / "exec"),
                  "--pidfile", str(tmp / "dockerd.pid"), "--config-file", str(tmp / "daemon.json"),
                  # No docker0 bridge and no iptables chains: nothing on the host outlives the daemon.
-                 "--bridge", "none", "--iptables=false", "--ip-masq=false"],
+                 "--bridge", "none", "--iptables=false", "--ip-masq=false",
+                 "--exec-opt", "native.cgroupdriver=cgroupfs", "--cgroup-parent", f"/{cgroup_parent}"],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         _wait_for_daemon(docker, env, daemon, log)
         tarball = _need(run([str(REPO / "scripts" / "docker-base-image"), str(CACHE)], timeout=1000),
                         "debootstrap of the base image").stdout.strip().splitlines()[-1]
-        tag = secrets.token_hex(4)
         base = f"sbxc-tier-base:{tag}"
         _need(run([docker, "import", tarball, base], timeout=300, env=env), "docker import of the base")
         image = f"sbxc-tier:{tag}"
         _need(run([docker, "build", "--network", "host", "--tag", image, "--build-arg", f"BASE={base}",
                    "--file", str(REPO / "Dockerfile"), str(REPO)], timeout=1200, env=env),
               "docker build of the Dockerfile")
-        yield DockerTier(tmp, docker, host, base, image, time.monotonic() - started)
+        yield DockerTier(tmp, docker, host, base, image, time.monotonic() - started, cgroup_parent)
     finally:
-        teardown(tmp, daemon, docker, env)
+        teardown(tmp, daemon, docker, env, cgroup_parent)
 
 
 @pytest.fixture(scope="session")
