@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from conformance import bwrap_argv, layout, plan
+from conformance import bwrap_argv, cgroup_leaf, layout, plan
 from conformance.launch import (
     REFERENCE,
     SECRET_ENV,
@@ -34,7 +34,7 @@ from probes.finding import Finding, Verdict
 from probes.host import Host
 from probes.run import minimal_env
 
-GUARD_PROBES = ("disable_userns",)
+GUARD_PROBES = ("disable_userns", "cgroup.delegation")
 
 
 def _probe(as_user: str | None, host: Host | None = None) -> dict[str, Finding]:
@@ -179,6 +179,17 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             return f"disable_userns probe: {f.verdict}: {f.reason}"
         return None
 
+    def cgroup_root(self) -> tuple[Path | None, str]:
+        """Where each task's leaf is made, or (None, why not). The cgroup.delegation probe already
+        weighs the promise (SANDBOX_CONFORMANCE_CGROUP_ROOT: set but unusable is `denied`) against
+        the root it resolved itself, and proved a memory.max write under it."""
+        f = self.guard.get("cgroup.delegation")
+        if f is None:
+            return None, "cgroup.delegation probe did not report"
+        if f.ok and f.facts.get("root"):
+            return Path(str(f.facts["root"])), f.reason
+        return None, f"cgroup.delegation: {f.verdict}: {f.reason}"
+
     # -- launching ------------------------------------------------------------------------------
     def facts(self) -> bwrap_argv.Facts:
         bwrap = self._bwrap or Host().which("bwrap")
@@ -238,15 +249,30 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         spec_file = layout.write_spec(lay, self.spec())
         argv = self.argv()
         env = minimal_env({SPEC_ENV: str(spec_file), SECRET_ENV: f"sbxc-secret-{lay.nonce}"})
+        cgroup: dict[str, Any] | None = None
+        root, _ = self.cgroup_root()
         try:
-            doc = launch(
-                self.launcher.name,
-                argv,
-                plan.program(the_plan),
-                env=env,
-                timeout=self.timeout,
-                cwd=str(lay.root),
-            )
+            with contextlib.ExitStack() as leaf_stack:
+                if root is not None:
+                    # The task's own leaf with the profile's limits, entered by the shim before the
+                    # launcher (or setpriv) executes; killed and removed on the way out, whatever happened.
+                    lim = self.profile.limits
+                    leaf = leaf_stack.enter_context(cgroup_leaf.task_leaf(
+                        root, cgroup_leaf.unique_name("task"),
+                        cgroup_leaf.Limits(memory_max=lim.memory_max, pids_max=lim.pids_max)))
+                    argv = (*leaf.enter_argv(), *argv)
+                doc = launch(
+                    self.launcher.name,
+                    argv,
+                    plan.program(the_plan),
+                    env=env,
+                    timeout=self.timeout,
+                    cwd=str(lay.root),
+                )
+                if root is not None:
+                    cgroup = dict(cgroup_leaf.summary(leaf), cgroup_path=leaf.cgroup_path)
+        except cgroup_leaf.CgroupError as e:
+            raise HarnessError(f"{self.launcher.name}: task cgroup: {e}") from None
         finally:
             after = plan.host_after(the_plan.host_checks)
             # A planted file outside our layout (a broken sandbox let it through into, say, /usr):
@@ -263,4 +289,5 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             host_after=after,
             launcher=self.launcher.name,
             argv=argv,
+            cgroup=cgroup,
         )

@@ -160,6 +160,9 @@ class Task:
     host_after: Mapping[str, str | None]  # host_checks path -> its content after the launch, or None
     launcher: str
     argv: Sequence[str] = ()
+    # The task's cgroup leaf as the host saw it after the launch (cgroup_leaf.summary: path,
+    # memory_events, pids_events, oom_kill, cgroup_path), or None when no usable root exists.
+    cgroup: Mapping[str, Any] | None = None
 
     def result(self, op: str, path: str) -> Mapping[str, Any]:
         for o in self.doc.get("ops", []):

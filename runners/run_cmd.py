@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from probes.collect import collect
 from probes.finding import Finding
 from probes.host import Host
-from runners import container, native, witness_args
+from runners import container, native, vm_mode, witness_args
 from runners.decide import NEEDED, Decision, Mode, Request, decide
 from runners.errors import EXIT_DID_NOT_RUN, EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError
 from runners.stream import stream
@@ -157,6 +157,8 @@ def main(args: argparse.Namespace) -> int:
         _say(f"note: {n}")
 
     options = witness_args.WitnessOptions.from_args(args)
+    if decision.mode is Mode.vm:
+        return verdict.done(vm_mode.run_vm(options, timeout=args.timeout, say=_say))
     if decision.mode is Mode.native:
         if decision.delegate:
             return verdict.done(_run_delegated(args))

@@ -27,6 +27,7 @@ def host(**over: tuple[Verdict, dict[str, Any]] | Verdict) -> dict[str, Finding]
         "deployment": (UNK, {"configured": False, "matches": []}),
         "container_engine": (U, {"cli": None}),
         "systemd_user": (U, {}),
+        "cgroup.delegation": (S, {"root": "/sys/fs/cgroup/user.slice/sbxc", "promised": False}),
     }
     for key, value in over.items():
         pid = key.replace("__", ".")
@@ -82,6 +83,14 @@ TABLE = [
     case("container", None),
     case("container", None, container_engine=(D, {"cli": "docker"})),
     case("container", None, container_engine=(UNK, {"cli": "docker"})),
+    # vm: only when asked for; auto never picks it
+    case("vm", "vm"),
+    case("vm", "vm", deployment=SIGNATURE_MATCH),
+    case("vm", "vm", userns=D),  # the guest has its own kernel; the suite says what is missing there
+    case("vm", None, platform=DARWIN),
+    case("auto", "native", cgroup__delegation=U),
+    case("auto", "container", userns=D, container_engine=ENGINE, cgroup__delegation=U),
+    case("vm", None, delegate=True, systemd_user=S),
     # --delegate
     case("native", None, delegate=True),
     case("auto", None, delegate=True),
@@ -175,3 +184,10 @@ def test_a_probe_that_did_not_report_is_never_read_as_a_pass() -> None:
     del findings["netns"]
     assert decide(Request(), findings).refused
     assert set(NEEDED) >= set(host())
+
+
+def test_print_mode_mentions_the_vm_when_the_cgroup_witnesses_cannot_run_natively() -> None:
+    d = decide(Request(), host(cgroup__delegation=(U, {"root": None})))
+    assert d.mode is Mode.native
+    assert any("--mode vm" in n and "cgroup.delegation: unsupported" in n for n in d.notes)
+    assert not any("--mode vm" in n for n in decide(Request(), host()).notes)

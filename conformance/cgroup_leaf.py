@@ -1,0 +1,295 @@
+"""A per-task cgroup v2 leaf: made with the profile's limits, entered before the task executes, emptied
+and removed afterwards whatever happened.
+
+    with task_leaf(root, "task-1234", Limits(memory_max=32 << 20, pids_max=64)) as leaf:
+        run([*leaf.enter_argv(), *bwrap_argv], timeout=...)
+        oom_kills = leaf.oom_kills()          # memory.events, read on the host side
+
+Entering: the task's argv is prefixed with a /bin/sh shim that writes its own pid into the leaf's
+cgroup.procs and then `exec`s the real argv, so the very first instruction of the task (bwrap, or
+setpriv then bwrap) already runs in the leaf, and so does everything it forks. Chosen over
+clone3(CLONE_INTO_CGROUP) because Python's subprocess cannot issue clone3, and a raw clone through
+ctypes in a threaded process (probes run concurrently) is unsafe; chosen over preexec_fn for the same
+reason (subprocess documents preexec_fn as unsafe with threads). /bin/sh rather than `python3 -I -S`:
+both are always there, but dash starts in about a millisecond where python takes tens (hundreds
+under the VM mode's TCG emulation), once per task. The shim runs as whoever launches the task, before
+any privilege drop, so the write needs no delegation to the task's user.
+
+Emptying: `cgroup.kill` (Linux >= 5.14, Documentation/admin-guide/cgroup-v2.rst) SIGKILLs every
+process in the subtree atomically with respect to fork. Older kernels lack the file: freeze the leaf
+(cgroup.freeze, >= 5.2, so nothing forks while we look) and SIGKILL each pid listed in cgroup.procs
+until the list stays empty, with a deadline.
+
+Every write goes through `_write_inside`, which refuses a path outside the leaf: this module can never
+touch the rest of the tree it was given, let alone the host's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import errno
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+# The exit status the shim uses when it could not enter the leaf (what env(1) and timeout(1) use
+# for "the wrapper itself failed"): the task never ran.
+ENTER_FAILED = 125
+
+# $1: the leaf's cgroup.procs; the rest: the task's argv. `exec` keeps the pid, so the pid written is
+# the task's own. Writing fails loudly: an unconfined task is worse than no task.
+_SHIM = 'echo "$$" > "$1" || { echo "sbxc: cannot enter cgroup $1" >&2; exit 125; }; shift; exec "$@"'
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+class CgroupError(Exception):
+    """A leaf could not be made, limited, emptied or removed: one line naming the file and errno."""
+
+
+class KillMethod(enum.StrEnum):
+    cgroup_kill = "cgroup.kill"
+    signal_loop = "sigkill-loop"  # kernel < 5.14: freeze + SIGKILL each pid in cgroup.procs
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    memory_max: int | None = None  # bytes; None leaves "max"
+    pids_max: int | None = None
+    # 0 so an allocation past memory.max is OOM-killed instead of pushed to swap (the VM has none, a
+    # host may). Skipped when the kernel has no swap accounting (no memory.swap.max file).
+    swap_max: int | None = 0
+
+    def files(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        if self.memory_max is not None:
+            out["memory.max"] = str(self.memory_max)
+        if self.swap_max is not None:
+            out["memory.swap.max"] = str(self.swap_max)
+        if self.pids_max is not None:
+            out["pids.max"] = str(self.pids_max)
+        return out
+
+
+class CgroupFs:
+    """The file operations a leaf needs; tests substitute a fake cgroup in tmp_path. Opening for
+    writing never creates: in cgroupfs an interface file that is missing means the controller is not
+    enabled, and a plain open(..., "w") on a fake tree would hide exactly that."""
+
+    def mkdir(self, path: Path) -> None:
+        os.mkdir(path)
+
+    def rmdir(self, path: Path) -> None:
+        os.rmdir(path)
+
+    def write(self, path: Path, text: str) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+    def read(self, path: Path) -> str:
+        return path.read_text()
+
+    def exists(self, path: Path) -> bool:
+        return path.exists()
+
+    def kill(self, pid: int, sig: int) -> None:
+        os.kill(pid, sig)
+
+
+def _errno_name(e: OSError) -> str:
+    return errno.errorcode.get(e.errno or 0, str(e.errno))
+
+
+def parse_keyed(text: str) -> dict[str, int]:
+    """A flat-keyed cgroup file (memory.events, pids.events, cgroup.events): "key value" lines."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if value.strip().isdigit():
+            out[key] = int(value)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+    root: Path
+    path: Path
+    fs: CgroupFs = dataclasses.field(default_factory=CgroupFs, compare=False, repr=False)
+
+    @property
+    def procs_file(self) -> Path:
+        return self.path / "cgroup.procs"
+
+    def enter_argv(self, shell: str = "/bin/sh") -> tuple[str, ...]:
+        """The prefix that puts the task into this leaf before it executes (see the module doc)."""
+        return (shell, "-c", _SHIM, "sbxc-enter", str(self.procs_file))
+
+    @property
+    def cgroup_path(self) -> str:
+        """The leaf as a task inside reads it in /proc/self/cgroup ("0::<this>"): relative to the
+        cgroup2 mount's root, which is also the cgroup namespace root where a container has one."""
+        mount = self.path
+        while mount.parent != mount and self.fs.exists(mount.parent / "cgroup.procs"):
+            mount = mount.parent
+        return "/" + str(self.path.relative_to(mount))
+
+    def procs(self) -> list[int]:
+        try:
+            text = self.fs.read(self.procs_file)
+        except FileNotFoundError:
+            return []
+        return [int(x) for x in text.split()]
+
+    def _read_keyed(self, name: str) -> dict[str, int]:
+        try:
+            return parse_keyed(self.fs.read(self.path / name))
+        except FileNotFoundError:
+            return {}
+
+    def memory_events(self) -> dict[str, int]:
+        return self._read_keyed("memory.events")
+
+    def pids_events(self) -> dict[str, int]:
+        return self._read_keyed("pids.events")
+
+    def oom_kills(self) -> int:
+        """memory.events oom_kill: tasks in this leaf (and below) killed by the OOM killer."""
+        return self.memory_events().get("oom_kill", 0)
+
+    def _write_inside(self, name: str, text: str) -> None:
+        target = self.path / name
+        if target.parent != self.path or "/" in name:
+            raise CgroupError(f"refusing to write {target}: outside the leaf {self.path}")
+        try:
+            self.fs.write(target, text)
+        except OSError as e:
+            raise CgroupError(f"write {text.strip()!r} to {target}: {_errno_name(e)}") from e
+
+    def apply(self, limits: Limits) -> dict[str, str]:
+        """Write the limits; returns what was written. A missing memory.max/pids.max means the
+        controller is not enabled for this subtree: an error, never a silent pass."""
+        written: dict[str, str] = {}
+        for name, value in limits.files().items():
+            if name == "memory.swap.max" and not self.fs.exists(self.path / name):
+                continue  # no swap accounting in this kernel (CONFIG_MEMCG_SWAP off, or swapaccount=0)
+            if not self.fs.exists(self.path / name):
+                controller = name.split(".")[0]
+                raise CgroupError(
+                    f"{self.path / name} missing: the {controller} controller is not enabled "
+                    f"in {self.root / 'cgroup.subtree_control'}"
+                )
+            self._write_inside(name, value)
+            written[name] = value
+        return written
+
+    def kill(self, *, timeout: float = 5.0) -> KillMethod:
+        """SIGKILL everything in the leaf and wait until it is empty (or raise CgroupError)."""
+        method = KillMethod.cgroup_kill
+        if self.fs.exists(self.path / "cgroup.kill"):
+            self._write_inside("cgroup.kill", "1")
+        else:
+            method = KillMethod.signal_loop
+            if self.fs.exists(self.path / "cgroup.freeze"):
+                self._write_inside("cgroup.freeze", "1")
+        deadline = time.monotonic() + timeout
+        while True:
+            pids = self.procs()
+            if not pids:
+                return method
+            if time.monotonic() > deadline:
+                raise CgroupError(
+                    f"{self.path}: still holds pids {pids[:8]} after {timeout:.0f} s of {method}"
+                )
+            if method is KillMethod.signal_loop:
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        self.fs.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+
+    def remove(self, *, timeout: float = 5.0) -> None:
+        """rmdir, retried on EBUSY: exiting tasks leave the cgroup asynchronously after SIGKILL, so a
+        leaf that cgroup.procs already shows empty can still be busy for a moment."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.fs.rmdir(self.path)
+                return
+            except FileNotFoundError:
+                return
+            except OSError as e:
+                if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                    raise CgroupError(f"rmdir {self.path}: {_errno_name(e)}") from e
+            time.sleep(0.02)
+
+
+def leaf_path(root: Path, name: str) -> Path:
+    """root/name, refusing any name that could leave root (a slash, "..", a dot file) or clash with a
+    cgroup interface file (those all contain a dot after a controller name, e.g. "memory.max")."""
+    if not _NAME.fullmatch(name) or name.startswith(("cgroup.", "memory.", "pids.", "cpu.", "io.")):
+        raise CgroupError(
+            f"bad leaf name {name!r}: letters, digits, '_', '.', '-' only, and no interface-file names"
+        )
+    return root / name
+
+
+def make_leaf(root: Path, name: str, limits: Limits, *, fs: CgroupFs | None = None) -> Leaf:
+    fs = fs or CgroupFs()
+    path = leaf_path(root, name)
+    try:
+        fs.mkdir(path)
+    except FileExistsError:
+        raise CgroupError(f"{path} already exists: a leaf is per task, never reused") from None
+    except OSError as e:
+        raise CgroupError(f"mkdir {path}: {_errno_name(e)}") from e
+    leaf = Leaf(root, path, fs)
+    try:
+        leaf.apply(limits)
+    except CgroupError:
+        leaf.remove()
+        raise
+    return leaf
+
+
+@contextlib.contextmanager
+def task_leaf(
+    root: Path, name: str, limits: Limits, *, fs: CgroupFs | None = None, timeout: float = 5.0
+) -> Iterator[Leaf]:
+    """A leaf for one task; on the way out (normal or not) kill whatever is left and remove it."""
+    leaf = make_leaf(root, name, limits, fs=fs)
+    try:
+        yield leaf
+    finally:
+        try:
+            leaf.kill(timeout=timeout)
+        finally:
+            leaf.remove(timeout=timeout)
+
+
+def unique_name(prefix: str = "task") -> str:
+    return f"{prefix}-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+
+
+def read_own_cgroup(proc_self_cgroup: str) -> str | None:
+    """The v2 path from /proc/self/cgroup's "0::" line, or None on a v1-only host."""
+    for line in proc_self_cgroup.splitlines():
+        if line.startswith("0::"):
+            return line[3:]
+    return None
+
+
+def summary(leaf: Leaf) -> Mapping[str, object]:
+    """What the host-side witness reports about a leaf after its task ran."""
+    return {
+        "path": str(leaf.path),
+        "memory_events": leaf.memory_events(),
+        "pids_events": leaf.pids_events(),
+        "oom_kill": leaf.oom_kills(),
+    }

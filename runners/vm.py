@@ -1,0 +1,309 @@
+"""VM mode: boot a clean Debian kernel under qemu with a pure cgroup v2 hierarchy, run one command inside,
+bring back its exit code and output.
+
+    result = run_in_vm(["python3", "-m", "pytest", ...], workdir=Path("/tmp/x"), timeout=900)
+
+Why a VM: some hosts (this one: a hybrid layout, memory bound to cgroup v1) can never give a delegated
+v2 subtree, natively or in a container, so the cgroup witnesses could never run there.
+
+Shape of a run (one VM per run, never per test: under TCG, fork- and namespace-heavy work is 5x-60x
+slower than native):
+- the image (runners/vm_image.py): Debian's generic kernel + an initramfs of static busybox and the
+  virtio/9p/overlay/dummy modules, cached outside the repo;
+- the guest's root is the host's `/` exported read-only over virtio-9p (qemu's readonly=on, so even
+  guest root cannot write the host), under a tmpfs overlay: python3, bwrap, the venv and /etc/passwd
+  (with sbxc-test) are the host's, and the guest can write anywhere without it reaching the host;
+- `workdir` is the one read-write share, mounted at the same path inside, so paths in arguments mean
+  the same on both sides; the exchange lives in workdir/.sbxc-vm/ (runners/vm_stage2.py);
+- a fresh cgroup2 mount (nsdelegate) and `cgroup_no_v1=all`: cgroup2 is the only hierarchy;
+- no NIC, so no way out: `lo` is brought up by stage 2 and `dummy0` exists (both so the network
+  witnesses can go red there, see vm_stage2.loopback_up and vm_image.WANTED_MODULES).
+
+Chosen over virtme-ng: virtme-ng wants udev and real KVM (issue 5 measured about 18 s a boot here),
+and this host's /dev/kvm is a paravirtual KVM under which stock kernels die with "KVM internal error
+... emulation failure"; our own initramfs boots in about 4 s under plain TCG and needs only
+qemu-system-x86 and busybox-static from apt. KVM is used where a trial boot proves it works
+(`select_accel`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+from probes.run import Runner, minimal_env, run
+from runners import vm_image
+from runners.vm_image import VmImage
+
+QEMU = "qemu-system-x86_64"
+CONTROL = ".sbxc-vm"  # the exchange directory inside workdir
+STAGE2 = Path(__file__).with_name("vm_stage2.py")
+# qemu start + kernel + initramfs + switch_root: ~4 s under TCG here; the margin covers a loaded host.
+BOOT_BUDGET = 60.0
+KVM_TRIAL_TIMEOUT = 10.0  # a working KVM boots in about a second; a broken one hangs in qemu
+# python + pytest + bwrap need ~1 GB; the reference profile promises memory.max=512M, and an OOM
+# witness allocating past that must meet the leaf's limit, not the VM's. Guest RAM is only backed on
+# the host as the guest touches it.
+MEMORY_MB = 2048
+# Paths the guest's own mounts cover (the kernel's proc/sys/dev, an empty /run): a workdir there would
+# be hidden behind them, or would expose host state.
+_HIDDEN = ("/proc", "/sys", "/dev", "/run")
+_SAFE_PATH = re.compile(r"/[A-Za-z0-9._/+-]*")
+
+
+class Accel(enum.StrEnum):
+    kvm = "kvm"
+    tcg = "tcg"  # qemu's software emulation: slow, but needs nothing from the host's hypervisor
+
+
+class VmError(Exception):
+    """The VM could not be used at all (no qemu, no image, bad workdir): one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class VmResult:
+    exit_code: int | None  # None: the command never reported (boot failure, host-side timeout)
+    stdout: str
+    stderr: str
+    boot_seconds: float | None  # guest uptime when the command started (kernel -> stage 2)
+    wall_seconds: float  # qemu start to qemu exit, on the host
+    accel: Accel
+    console: str = ""  # the guest's serial console (kernel messages, /init failures)
+    error: str | None = None  # one line when exit_code is None
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+# ---- pure parts ----
+
+def check_workdir(workdir: Path) -> Path:
+    """An absolute, existing directory whose path can travel on the kernel command line (no spaces or
+    shell metacharacters: /init splits /proc/cmdline on whitespace) and that the guest's own mounts
+    do not hide."""
+    workdir = Path(os.path.realpath(workdir))
+    text = str(workdir)
+    if not _SAFE_PATH.fullmatch(text) or text == "/":
+        raise VmError(f"workdir {text!r}: must be a directory path of letters, digits and ._/+- only")
+    if any(text == h or text.startswith(h + "/") for h in _HIDDEN):
+        raise VmError(f"workdir {text}: under {', '.join(_HIDDEN)}, which the guest mounts over")
+    if not workdir.is_dir():
+        raise VmError(f"workdir {text}: not a directory")
+    return workdir
+
+
+def kernel_cmdline(workdir: Path, *, quiet: bool = True) -> str:
+    parts = ["console=ttyS0",
+             # PID 1 exiting or a panic must end qemu (-no-reboot), never leave it spinning.
+             "panic=-1", "oops=panic",
+             # No v1 hierarchy can ever be mounted: cgroup2 is the only one (the point of this mode).
+             "cgroup_no_v1=all",
+             # No hardware to probe: skip what costs seconds under TCG.
+             "tsc=reliable", "no_timer_check", "i8042.noaux", "i8042.nokbd",
+             f"sbxc_work={workdir}"]
+    if quiet:
+        parts.insert(1, "quiet")
+    return " ".join(p for p in parts if p)
+
+
+def qemu_argv(image: VmImage, workdir: Path, accel: Accel, *, memory_mb: int = MEMORY_MB, cpus: int = 2,
+              console: Path, as_root: bool = True) -> list[str]:
+    # passthrough keeps the host's real owners and modes visible in the guest (sbxc-test's files are
+    # sbxc-test's), which needs qemu to run as root; "none" is the unprivileged equivalent that
+    # simply does not chown.
+    model = "passthrough" if as_root else "none"
+    cpu = "host" if accel is Accel.kvm else "max"
+    return [
+        QEMU,
+        "-nodefaults", "-no-user-config",
+        "-no-reboot",  # a guest reboot (or panic) ends qemu
+        "-display", "none",
+        "-accel", accel.value,
+        "-cpu", cpu,
+        "-m", str(memory_mb),
+        "-smp", str(cpus),
+        "-kernel", str(image.kernel),
+        "-initrd", str(image.initramfs),
+        "-append", kernel_cmdline(workdir),
+        "-serial", f"file:{console}",
+        # multidevs=remap: the host's / spans several filesystems; without it inode numbers collide.
+        "-fsdev", f"local,id=hostroot,path=/,security_model={model},readonly=on,multidevs=remap",
+        "-device", "virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot",
+        "-fsdev", f"local,id=work,path={workdir},security_model={model},multidevs=remap",
+        "-device", "virtio-9p-pci,fsdev=work,mount_tag=work",
+    ]
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return None
+
+
+def _tail(text: str, lines: int = 3) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
+
+
+# ---- running ----
+
+def run_in_vm(argv: Sequence[str], *, workdir: Path, timeout: float, env: Mapping[str, str] | None = None,
+              cwd: str | None = None, image: VmImage | None = None, accel: Accel | None = None,
+              memory_mb: int = MEMORY_MB, cpus: int = 2, runner: Runner = run,
+              live: tuple[IO[str], IO[str]] | None = None) -> VmResult:
+    """Boot, run argv as root inside (cwd default "/"), power off. `timeout` bounds the command in
+    the guest; qemu as a whole gets BOOT_BUDGET more and is killed with its process group after that.
+    env: the command's whole environment (default: the minimal allowlist of probes.run).
+    live: (out, err) streams that get the command's output as it is written (a long suite under TCG
+    must not look hung); the result still carries all of it."""
+    if not argv:
+        raise VmError("empty argv")
+    if shutil.which(QEMU) is None:
+        raise VmError(f"{QEMU} not found: apt-get install qemu-system-x86 (scripts/vm-deps)")
+    workdir = check_workdir(workdir)
+    image = image or vm_image.ensure_image()
+    accel = accel or select_accel(image, runner=runner)
+    control = workdir / CONTROL
+    if control.exists():
+        shutil.rmtree(control)
+    control.mkdir()
+    try:
+        shutil.copyfile(STAGE2, control / "stage2.py")
+        request = {"argv": list(argv), "env": dict(env if env is not None else minimal_env()),
+                   "cwd": cwd or "/", "timeout": timeout}
+        (control / "request.json").write_text(json.dumps(request))
+        console = control / "console.log"
+        started = time.monotonic()
+        follower = _Follow(control, live) if live else None
+        try:
+            done = runner(qemu_argv(image, workdir, accel, memory_mb=memory_mb, cpus=cpus, console=console,
+                                    as_root=os.geteuid() == 0),
+                          timeout=timeout + BOOT_BUDGET, env=minimal_env())
+        finally:
+            if follower:
+                follower.stop()
+        wall = time.monotonic() - started
+        console_text = _read(console) or ""
+        code_text = _read(control / "exit_code")
+        boot_text = _read(control / "boot_seconds")
+        exit_code = int(code_text) if code_text and code_text.strip().lstrip("-").isdigit() else None
+        error = None
+        if exit_code is None:
+            stage2 = _read(control / "stage2.log") or ""
+            if done.timed_out:
+                error = f"qemu killed after {timeout + BOOT_BUDGET:.0f} s ({accel}): no exit code"
+            elif done.not_found:
+                error = done.stderr.strip()
+            else:
+                why = (_tail(stage2) or _tail(done.stderr) or _tail(console_text)
+                       or f"qemu exit {done.returncode}")
+                error = f"the guest never reported an exit code ({accel}): {why}"
+        return VmResult(
+            exit_code=exit_code,
+            stdout=_read(control / "stdout") or "",
+            stderr=_read(control / "stderr") or "",
+            boot_seconds=float(boot_text) if boot_text else None,
+            wall_seconds=wall,
+            accel=accel,
+            console=console_text,
+            error=error,
+            timed_out=done.timed_out,
+        )
+    finally:
+        shutil.rmtree(control, ignore_errors=True)
+
+
+class _Follow:
+    """Copies what the guest appends to stdout/stderr in the share to our streams, every 0.3 s, like
+    `tail -f` (the work share is mounted without caching, so guest writes reach the host file)."""
+
+    def __init__(self, control: Path, streams: tuple[IO[str], IO[str]]) -> None:
+        self.files = [(control / "stdout", streams[0]), (control / "stderr", streams[1])]
+        self.offsets = [0, 0]
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="vm-follow", daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        for i, (path, stream) in enumerate(self.files):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets[i])
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            if data:
+                self.offsets[i] += len(data)
+                stream.write(data.decode(errors="replace"))
+                stream.flush()
+
+    def _loop(self) -> None:
+        while not self.done.wait(0.3):
+            self._pump()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+        self._pump()
+
+
+_accel_cache: dict[str, Accel] = {}
+
+
+def kvm_usable_device(dev: Path = Path("/dev/kvm")) -> bool:
+    return dev.exists() and os.access(dev, os.R_OK | os.W_OK)
+
+
+def select_accel(image: VmImage, *, runner: Runner = run, env: Mapping[str, str] | None = None) -> Accel:
+    """KVM when a trial boot under it works, else TCG. /dev/kvm existing proves nothing here: this
+    host's is a paravirtual KVM under which a stock kernel dies early with an emulation failure (and
+    qemu then hangs rather than exits), so only a boot that reaches stage 2 counts.
+    SANDBOX_CONFORMANCE_VM_ACCEL=kvm|tcg skips the trial. The verdict is kept for this process."""
+    env = os.environ if env is None else env
+    forced = env.get("SANDBOX_CONFORMANCE_VM_ACCEL", "")
+    if forced:
+        try:
+            return Accel(forced)
+        except ValueError:
+            raise VmError(f"SANDBOX_CONFORMANCE_VM_ACCEL={forced!r}: use kvm or tcg") from None
+    key = f"{image.kernel}:{image.initramfs}"
+    if key in _accel_cache:
+        return _accel_cache[key]
+    # The verdict depends on the host's hypervisor and kernel, not on us: remember it next to the
+    # image so each run does not pay a hung trial boot again.
+    remembered = image.directory / f"accel-{os.uname().release}-{image.initramfs.stem}.txt"
+    text = (_read(remembered) or "").strip()
+    if text in Accel.__members__:
+        _accel_cache[key] = Accel(text)
+        return Accel(text)
+    accel = Accel.tcg
+    if kvm_usable_device():
+        with tempfile.TemporaryDirectory(prefix="sbxc-kvm-trial-") as tmp:
+            trial = run_in_vm(["/bin/true"], workdir=Path(tmp), timeout=KVM_TRIAL_TIMEOUT, image=image,
+                              accel=Accel.kvm, memory_mb=256, cpus=1, runner=_trial_runner(runner))
+        if trial.exit_code == 0:
+            accel = Accel.kvm
+    _accel_cache[key] = accel
+    with contextlib.suppress(PermissionError):
+        remembered.write_text(f"{accel}\n")
+    return accel
+
+
+def _trial_runner(runner: Runner) -> Runner:
+    """The trial's qemu gets KVM_TRIAL_TIMEOUT in all, not the usual boot budget."""
+    def trial(argv, *, timeout, input=None, env=None, cwd=None):  # type: ignore[no-untyped-def]
+        return runner(argv, timeout=min(timeout, KVM_TRIAL_TIMEOUT), input=input, env=env, cwd=cwd)
+    return trial

@@ -1,0 +1,137 @@
+"""`run --mode vm`, host side: boot the VM once, run runners/vm_suite.py inside, bring the verdict,
+the output and the reports back.
+
+    code = run_vm(options, timeout=args.timeout, say=_say)     # from runners/run_cmd.py
+
+Exit code: the guest's combined code (0 green, 1 red, 2 bad input, 75 nothing ran); 75 as well when the
+VM itself could not be used (no qemu, no image, the guest never started the command), since nothing
+was tested; 1 when the suite started but the VM had to be killed (a timeout is red, never a pass).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pwd
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from probes.run import minimal_env
+from runners import vm, vm_image
+from runners.errors import EXIT_DID_NOT_RUN, EXIT_FAIL
+from runners.witness_args import WitnessOptions
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_USER = "sbxc-test"
+# Variables the guest's suite needs from ours; the cgroup root is the guest's own (cgroup_setup).
+FORWARD_ENV_PREFIX = "SANDBOX_CONFORMANCE_"
+DROPPED_ENV = ("SANDBOX_CONFORMANCE_CGROUP_ROOT", "SANDBOX_CONFORMANCE_MODE",
+               "SANDBOX_CONFORMANCE_PRINT_MODE")
+
+
+def legs(options: WitnessOptions, passwd: Callable[[str], object] = pwd.getpwnam) -> list[str]:
+    """root, plus the unprivileged user when it exists (the host's /etc/passwd is the guest's):
+    container mode's two legs. An explicit --as-user is the one leg asked for."""
+    if options.as_user:
+        return [f"{options.as_user}:{options.as_user}"]
+    try:
+        passwd(TEST_USER)
+    except KeyError:
+        return ["root"]
+    return ["root", f"{TEST_USER}:{TEST_USER}"]
+
+
+def guest_env(environ: Mapping[str, str]) -> dict[str, str]:
+    env = minimal_env()
+    env.update({k: v for k, v in environ.items()
+                if k.startswith(FORWARD_ENV_PREFIX) and k not in DROPPED_ENV})
+    env["HOME"] = "/root"
+    return env
+
+
+def inside_options(options: WitnessOptions, workdir: Path) -> tuple[WitnessOptions, dict[str, str]]:
+    """Input files copied into the shared workdir (any host path would do, but one under /run is
+    hidden by the guest's own /run); reports written there as NAME-{label}.EXT and copied back.
+    Returns (options for the guest, {guest report pattern: host report pattern})."""
+    reports: dict[str, str] = {}
+
+    def infile(path: str | None, key: str) -> str | None:
+        if path is None:
+            return None
+        dest = workdir / f"in-{key}-{Path(path).name}"
+        shutil.copyfile(path, dest)
+        return str(dest)
+
+    def outfile(path: str | None, key: str) -> str | None:
+        if path is None:
+            return None
+        p = Path(path)
+        inside = str(workdir / f"out-{key}-{{label}}{p.suffix}")
+        reports[inside] = str(p.with_name(f"{p.stem}-{{label}}{p.suffix}"))
+        return inside
+
+    return dataclasses.replace(
+        options,
+        profile=infile(options.profile, "profile"),
+        expected_skips=infile(options.expected_skips, "expected-skips"),
+        junitxml=outfile(options.junitxml, "junit"),
+        json=outfile(options.json, "report"),
+        as_user=None,
+    ), reports
+
+
+def guest_argv(opts: WitnessOptions, *, leg_specs: list[str], summary: Path, timeout: float,
+               python: str = sys.executable) -> list[str]:
+    argv = [python, "-m", "runners.vm_suite", "--summary", str(summary), "--timeout", str(timeout)]
+    for leg in leg_specs:
+        argv += ["--leg", leg]
+    return [*argv, "--", *opts.argv()]
+
+
+def run_vm(options: WitnessOptions, *, timeout: float, say: Callable[[str], None],
+           environ: Mapping[str, str] | None = None) -> int:
+    environ = os.environ if environ is None else environ
+    try:
+        image = vm_image.ensure_image()
+    except vm_image.ImageError as e:
+        say(f"refused: VM image: {e} (scripts/vm-deps builds it)")
+        return EXIT_DID_NOT_RUN
+    leg_specs = legs(options)
+    # /var/tmp: on the host's / (never a tmpfs the guest would not see through 9p), and outside /run.
+    with tempfile.TemporaryDirectory(prefix="sbxc-vm.", dir="/var/tmp") as tmp:
+        workdir = Path(tmp)
+        opts, reports = inside_options(options, workdir)
+        summary = workdir / "summary.json"
+        argv = guest_argv(opts, leg_specs=leg_specs, summary=summary, timeout=timeout)
+        try:
+            accel = vm.select_accel(image)
+            labels = ", ".join(s.split(":")[0] for s in leg_specs)
+            say(f"vm: booting {image.kernel_version} under {accel}, legs: {labels}")
+            result = vm.run_in_vm(argv, workdir=workdir, timeout=timeout * len(leg_specs), cwd=str(REPO),
+                                  env=guest_env(environ), image=image, accel=accel,
+                                  live=(sys.stdout, sys.stderr))
+        except vm.VmError as e:
+            say(f"refused: {e}")
+            return EXIT_DID_NOT_RUN
+        for spec in leg_specs:
+            label = spec.split(":")[0]
+            for inside, host in reports.items():
+                produced = Path(inside.replace("{label}", label))
+                if produced.exists():
+                    shutil.copyfile(produced, host.replace("{label}", label))
+        boot = f"{result.boot_seconds:.1f}s" if result.boot_seconds is not None else "n/a"
+        say(f"vm: {result.accel}, boot {boot}, wall {result.wall_seconds:.1f}s")
+        if result.exit_code is None:
+            say(f"vm: {result.error}")
+            # The command never started: nothing was tested. It started and then hung: red.
+            return EXIT_DID_NOT_RUN if result.boot_seconds is None else EXIT_FAIL
+        try:
+            for leg in json.loads(summary.read_text()).get("legs", []):
+                say(f"vm: as {leg['label']}: exit {leg['returncode']} ({leg['seconds']}s)")
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        return result.exit_code
