@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml scripts/system-deps
 setup: $(VENV)/.installed
 
 run: setup
-	$(VENV)/bin/sandbox-conformance probe
+	$(VENV)/bin/sandbox-conformance run
 
 lint: setup
 	$(VENV)/bin/ruff check probes runners conformance tests bench
