@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from conformance.cgroup_leaf import CgroupFs
+from probes.cgroup import v1_bound_controllers
 from probes.run import Runner, run
 
 ENV_ROOT = "SANDBOX_CONFORMANCE_CGROUP_ROOT"
@@ -184,12 +185,26 @@ class Setup:
                     raise SetupError(f"move pid {pid} into {supervisor}: {_errno_name(e)}") from e
         raise SetupError(f"{self.mount / 'cgroup.procs'} kept gaining processes: could not empty it")
 
+    def v1_bound(self) -> list[str]:
+        """Controllers this kernel has bound to a v1 hierarchy (/proc/cgroups is not namespaced: a
+        container sees the host's bindings)."""
+        try:
+            return v1_bound_controllers((self.proc / "cgroups").read_text())
+        except FileNotFoundError:
+            return []
+
     def enable(self, cgroup: Path) -> tuple[str, ...]:
         available = self.fs.read(cgroup / "cgroup.controllers").split()
         missing = [c for c in CONTROLLERS if c not in available]
         if missing:
+            # A controller bound to a v1 hierarchy cannot appear in any cgroup2 hierarchy ("a controller
+            # can be bound to only one hierarchy", cgroup-v2.rst "Mounting"): on a hybrid host no
+            # delegation can give it, so name that rather than the parent.
+            held = [c for c in missing if c in self.v1_bound()]
+            why = (f"{' '.join(held)} bound to a cgroup v1 hierarchy on this kernel (hybrid layout)" if held
+                   else "the parent did not delegate them")
             raise SetupError(f"{cgroup / 'cgroup.controllers'} lacks {' '.join(missing)} (has: "
-                             f"{' '.join(available) or 'nothing'}): the parent did not delegate them")
+                             f"{' '.join(available) or 'nothing'}): {why}")
         self._write(cgroup / "cgroup.subtree_control", " ".join(f"+{c}" for c in CONTROLLERS),
                     "enable controllers")
         return CONTROLLERS

@@ -1,11 +1,18 @@
 """Container mode: build the repository's Dockerfile with docker or podman, start one privileged-enough
 container with the checkout bound read-only at /src, install the project inside without writing to
-the bind, and run the witness suite twice: as root, and as the image's unprivileged user, so the
-user-namespace path a deployment really takes is exercised here too. Both verdicts count."""
+the bind, run the cgroup set-up step (runners.cgroup_setup) once, and the witness suite twice: as root, and
+with every task launched as the image's unprivileged user, so the user-namespace path a deployment
+really takes is exercised here too. Both verdicts count.
+
+The set-up says either which cgroup root it exported (the cgroup witnesses then run in both legs) or
+why it could not (they skip with that reason, the rest of the suite runs); the runner prints that
+line, so a user sees why. On a hybrid host (memory bound to cgroup v1) the container's
+/sys/fs/cgroup is a tmpfs of v1 hierarchies and the set-up refuses before any write."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import secrets
 import shutil
@@ -14,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from probes.run import Completed, run
+from runners.cgroup_setup import ENV_ROOT
 from runners.stream import stream
 from runners.witness_args import WitnessOptions
 
@@ -27,6 +35,12 @@ OUTPUTS = "/run/sandbox-conformance/out"
 # Client-side variables that say which daemon to talk to and where its config lives.
 ENGINE_ENV = ("DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH",
               "CONTAINER_HOST", "CONTAINERS_CONF", "XDG_RUNTIME_DIR", "HOME")
+# Our own switches that mean the same inside as outside: native mode inherits them with the rest of the
+# environment; `docker exec` starts from the image's environment, so they are passed on by name.
+FORWARD_ENV = ("SANDBOX_CONFORMANCE_REQUIRE",)
+# The set-up step, run as root inside the container once the project is installed there.
+SETUP_ARGV = (f"{IMAGE_VENV}/bin/python", "-m", "runners.cgroup_setup", "--in", "container")
+SETUP_TIMEOUT = 60
 
 
 class ContainerError(Exception):
@@ -49,10 +63,11 @@ class Engine:
 
 
 def security_flags(kind: str) -> list[str]:
-    """What bwrap needs from the container, and no more than that (no --privileged)."""
+    """What bwrap and the cgroup set-up need from the container, and no more than that (no --privileged)."""
     flags = [
-        # bwrap as root sets up mounts and namespaces with CAP_SYS_ADMIN; the network rung brings
-        # `lo` up in the new net namespace with CAP_NET_ADMIN.
+        # bwrap as root sets up mounts and namespaces with CAP_SYS_ADMIN; the cgroup set-up needs it to
+        # remount the engine's read-only /sys/fs/cgroup read-write (mount(2) MS_REMOUNT). The network
+        # rung brings `lo` up in the new net namespace with CAP_NET_ADMIN.
         "--cap-add", "SYS_ADMIN",
         "--cap-add", "NET_ADMIN",
         # Docker's default seccomp profile refuses unshare(CLONE_NEWUSER) (and clone with namespace
@@ -70,10 +85,14 @@ def security_flags(kind: str) -> list[str]:
         # EPERM: only systempaths=unconfined lets it mount a procfs.
         flags += ["--security-opt", "systempaths=unconfined"]
     flags += [
-        # The cgroup witnesses need the real hierarchy, writable: the host's cgroup namespace, and
-        # /sys/fs/cgroup bound read-write (Docker mounts it read-only without --privileged).
-        "--cgroupns=host",
-        "--volume", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+        # A cgroup namespace of the container's own, rooted at the cgroup the engine made for it
+        # (cgroup_namespaces(7)): the /sys/fs/cgroup the engine mounts inside shows that cgroup as
+        # its root, so the set-up's moves, mkdirs and subtree_control writes land in the container's
+        # own subtree, which the engine removes with the container, and never in the host's tree.
+        # Spelled out because it is the default only on a cgroup v2 host (Docker >= 20.10, podman);
+        # on a v1 or hybrid host both default to the host's namespace. Nothing of the host's
+        # /sys/fs/cgroup is bound in: runners.cgroup_setup refuses in the host's namespace anyway.
+        "--cgroupns=private",
     ]
     return flags
 
@@ -115,11 +134,75 @@ rm -rf /tmp/sbxc-src
 """
 
 
-def exec_argv(engine: Engine, name: str, argv: Sequence[str], *, user: str | None = None) -> list[str]:
+def exec_argv(engine: Engine, name: str, argv: Sequence[str], *, user: str | None = None,
+              env: Mapping[str, str] | None = None) -> list[str]:
     out = [engine.path, "exec", "--workdir", "/tmp"]
     if user:
         out += ["--user", user, "--env", f"HOME=/home/{user}"]
+    for key, value in (env or {}).items():
+        out += ["--env", f"{key}={value}"]
     return [*out, name, *argv]
+
+
+@dataclasses.dataclass(frozen=True)
+class CgroupSetup:
+    """What the set-up step said: the cgroup root it exported, or why the cgroup witnesses cannot run."""
+    root: str | None
+    reason: str  # one line
+
+    def describe(self) -> str:
+        if self.root:
+            return f"exported {ENV_ROOT}={self.root}"
+        return f"cgroup witnesses unavailable: {self.reason}"
+
+    def env(self) -> dict[str, str]:
+        """For the witness legs: the promise, only when the set-up proved it."""
+        return {ENV_ROOT: self.root} if self.root else {}
+
+
+def read_setup(c: Completed) -> CgroupSetup:
+    """The set-up's verdict from its exit and output (runners.cgroup_setup.main): 0 and
+    `SANDBOX_CONFORMANCE_CGROUP_ROOT=<path>` on stdout, or 75 and one `cgroup witnesses unavailable: why`
+    line on stderr. Anything else (a crash, a timeout, an image without the module) is a reason too:
+    the witnesses lose their root, the rest of the suite still runs."""
+    if c.timed_out:
+        return CgroupSetup(None, f"the set-up step timed out after {SETUP_TIMEOUT}s")
+    if c.returncode == 0:
+        for line in c.stdout.splitlines():
+            key, sep, value = line.strip().partition("=")
+            if sep and key == ENV_ROOT and value.startswith("/"):
+                return CgroupSetup(value, f"set-up proved a memory.max write under {value}")
+        return CgroupSetup(None, f"the set-up step exited 0 without exporting {ENV_ROOT}: "
+                                 f"{c.stdout.strip()[-200:] or '(no output)'}")
+    marker = "cgroup witnesses unavailable: "
+    for line in reversed(c.stderr.splitlines()):
+        if marker in line:
+            return CgroupSetup(None, line.split(marker, 1)[1].strip())
+    return CgroupSetup(None, f"the set-up step exited {c.returncode}: {c.stderr_tail(2) or '(no output)'}")
+
+
+def annotate_report(path: Path, setup: CgroupSetup) -> None:
+    """Add what the set-up said to a leg's JSON report, next to the witnesses it explains: a skipped
+    cgroup witness names the probe's view from inside; this names the step that made (or could not
+    make) the root."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return  # a leg that crashed mid-write: its exit code already says so
+    if isinstance(doc, dict):
+        doc["cgroup_setup"] = {"root": setup.root, "reason": setup.reason}
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def cgroup_setup(engine: Engine, name: str) -> CgroupSetup:
+    """Run the set-up once, as root, in its own exec, before either leg.
+
+    It moves every process of the container's cgroup (the init and `sleep`) into `supervisor/` and
+    enables controllers in that cgroup's subtree_control; after that the kernel refuses new processes
+    there (EBUSY, the no-internal-process rule), and each later `exec` joins the init's cgroup instead
+    (runc since 1.0.0-rc91, opencontainers/runc#2416; crun likewise, containers/crun#365). Both legs then
+    share the one root it exported."""
+    return read_setup(run(exec_argv(engine, name, SETUP_ARGV), timeout=SETUP_TIMEOUT, env=engine.env))
 
 
 def inside_options(options: WitnessOptions, *, label: str,
@@ -155,6 +238,15 @@ def inside_options(options: WitnessOptions, *, label: str,
     ), reports
 
 
+# The two legs, (label, --as-user). Both run the witness command as root: only root can make a task's
+# leaf under the set-up's tasks/ and move the task into it (a migration needs write access to
+# cgroup.procs of the common ancestor, here the namespace root: cgroup-v2.rst "Delegation
+# Containment"). The image user's leg launches every task as that user through setpriv, entered into
+# its leaf first, so bwrap still starts with no capability and makes its own user namespace: the
+# path an unprivileged deployment takes, with the cgroup witnesses able to run in it.
+LEGS: tuple[tuple[str, str | None], ...] = (("root", None), (IMAGE_USER, IMAGE_USER))
+
+
 @dataclasses.dataclass(frozen=True)
 class Leg:
     label: str  # "root" or the image user
@@ -184,7 +276,9 @@ def build_image(engine: Engine, *, tag: str, base: str | None, timeout: float) -
 
 
 def run_container(engine: Engine, options: WitnessOptions, *, image: str, timeout: float,
-                  say: Callable[[str], None]) -> list[Leg]:
+                  say: Callable[[str], None], environ: Mapping[str, str] | None = None) -> list[Leg]:
+    environ = os.environ if environ is None else environ
+    forward = {k: environ[k] for k in FORWARD_ENV if k in environ}
     name = f"sandbox-conformance-{secrets.token_hex(4)}"
     with tempfile.TemporaryDirectory(prefix="sbxc-container.") as tmp:
         inputs, outputs = Path(tmp, "in"), Path(tmp, "out")
@@ -198,12 +292,16 @@ def run_container(engine: Engine, options: WitnessOptions, *, image: str, timeou
                        timeout=120, env=engine.env), f"starting a container from {image}")
             _check(run(exec_argv(engine, name, ["sh", "-c", INSTALL_SCRIPT]), timeout=300, env=engine.env),
                    "installing the project inside the container")
+            setup = cgroup_setup(engine, name)
+            say(f"container: cgroup set-up: {setup.describe()}")
             legs = []
-            for label, user in (("root", None), (IMAGE_USER, IMAGE_USER)):
+            for label, as_user in LEGS:
                 opts, reports = inside_options(options, label=label, inputs=inputs)
-                say(f"container: witness suite as {label}")
+                opts = dataclasses.replace(opts, as_user=as_user)
+                say(f"container: witness suite as {label}"
+                    + (f" (harness as root, every task launched as {as_user})" if as_user else ""))
                 rc = stream(exec_argv(engine, name, [f"{IMAGE_VENV}/bin/sandbox-conformance", "witness",
-                                                     *opts.argv()], user=user),
+                                                     *opts.argv()], env={**forward, **setup.env()}),
                             timeout=timeout, env=engine.env)
                 legs.append(Leg(label, rc))
                 say(f"container: as {label}: " + ("timed out" if rc is None else f"exit {rc}"))
@@ -211,6 +309,11 @@ def run_container(engine: Engine, options: WitnessOptions, *, image: str, timeou
                     produced = outputs / Path(inside).name
                     if produced.exists():
                         shutil.copyfile(produced, host)
+                        if inside == opts.json:
+                            annotate_report(Path(host), setup)
+            if setup.root is None:
+                # Again after the legs' long output, next to the verdict: why the cgroup witnesses skipped.
+                say(f"container: note: {setup.describe()}")
             return legs
         finally:
             # --rm removes it once stopped; `rm --force` stops it whatever state it is in.

@@ -184,7 +184,7 @@ def decide(request: Request, findings: Sequence[Finding] | Mapping[str, Finding]
         dep_line = ""
     elif dep.facts.get("configured") is False and not dep.facts.get("errors"):
         where = dep.facts.get("declare_at")
-        hint = f"declare one at {where} (schema: README, "The deployment guard")" if where else SIGNATURE_HINT
+        hint = f"declare one at {where} (schema: README, 'The deployment guard')" if where else SIGNATURE_HINT
         notes.append(f"no deployment signature configured: the guard had nothing to check; {hint}")
         dep_line = ""
     else:

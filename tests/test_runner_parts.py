@@ -80,8 +80,8 @@ def test_container_flags_are_what_bwrap_needs_and_not_privileged(kind: str) -> N
     assert ("--security-opt", "seccomp=unconfined") in pairs
     unmask = "systempaths=unconfined" if kind == "docker" else "unmask=ALL"
     assert ("--security-opt", unmask) in pairs
-    assert "--cgroupns=host" in flags
-    assert ("--volume", "/sys/fs/cgroup:/sys/fs/cgroup:rw") in pairs
+    assert "--cgroupns=private" in flags  # the set-up step runs in the container's own cgroup namespace
+    assert not any("/sys/fs/cgroup" in f for f in flags)  # never the host's tree
     assert "--privileged" not in flags
 
 

@@ -1,0 +1,238 @@
+"""Container mode's cgroup set-up, without an engine: the flags the container is started with, how the
+set-up step's exit and output are read, and how its verdict reaches the user, the legs and the reports.
+The end-to-end half (a real dockerd) is in test_runner_container.py."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from probes.run import Completed
+from runners import container
+from runners.cgroup_setup import ENV_ROOT
+from runners.container import CgroupSetup, Engine, read_setup, security_flags
+from runners.witness_args import WitnessOptions
+
+TMPFS_REASON = ("/sys/fs/cgroup is tmpfs, not cgroup2 (a v1 or hybrid layout cannot delegate memory to a "
+                "v2 leaf)")
+
+
+def completed(rc: int | None, out: str = "", err: str = "", *, timed_out: bool = False) -> Completed:
+    return Completed(("docker", "exec"), rc, out, err, 0.1, timed_out=timed_out)
+
+
+@pytest.mark.parametrize("kind", ["docker", "podman"])
+def test_the_container_gets_a_cgroup_namespace_of_its_own_and_never_the_hosts_tree(kind: str) -> None:
+    flags = security_flags(kind)
+    pairs = list(itertools.pairwise(flags))
+    assert "--cgroupns=private" in flags
+    assert not any(f.startswith("--cgroupns=") and f != "--cgroupns=private" for f in flags)
+    # No bind of the host's hierarchy, in any spelling: the engine mounts the namespace's own.
+    assert not any("/sys/fs/cgroup" in f for f in flags), flags
+    # The remount the set-up needs and bwrap's mounts both need CAP_SYS_ADMIN; nothing broader.
+    assert ("--cap-add", "SYS_ADMIN") in pairs
+    assert "--privileged" not in flags
+    start = container.start_argv(Engine(kind, f"/usr/bin/{kind}", {}), name="n", image="img",
+                                 repo=Path("/co"), inputs=Path("/i"), outputs=Path("/o"))
+    assert "--cgroupns=private" in start and not any("/sys/fs/cgroup" in a for a in start)
+
+
+@pytest.mark.parametrize(("c", "root", "reason_has"), [
+    (completed(0, f"{ENV_ROOT}=/sys/fs/cgroup/tasks\n"), "/sys/fs/cgroup/tasks", "memory.max"),
+    (completed(75, err=f"sandbox-conformance: cgroup witnesses unavailable: {TMPFS_REASON}\n"),
+     None, TMPFS_REASON),
+    (completed(75, err="sandbox-conformance: cgroup witnesses unavailable: /sys/fs/cgroup is read-only and "
+                       "remount,rw failed (mount: permission denied): the container needs CAP_SYS_ADMIN\n"),
+     None, "needs CAP_SYS_ADMIN"),
+    (completed(None, timed_out=True), None, "timed out"),
+    # Exit 0 but no root line, or a relative one: not a proof, so no promise is passed on.
+    (completed(0, "something else\n"), None, "without exporting"),
+    (completed(0, f"{ENV_ROOT}=tasks\n"), None, "without exporting"),
+    # An image without the module, or a crash: the reason is its last stderr line.
+    (completed(1, err="Traceback (most recent call last):\nModuleNotFoundError: No module named 'runners'\n"),
+     None, "No module named 'runners'"),
+    (completed(126, err='OCI runtime exec failed: exec: "/opt/x/bin/python": no such file\n'),
+     None, "exited 126"),
+])
+def test_the_setup_verdict_is_read_from_its_exit_and_output(c: Completed, root: str | None,
+                                                            reason_has: str) -> None:
+    got = read_setup(c)
+    assert got.root == root
+    assert reason_has in got.reason
+    assert "\n" not in got.reason
+
+
+def test_only_a_proved_root_is_passed_to_the_legs() -> None:
+    ok = CgroupSetup("/sys/fs/cgroup/tasks", "proved")
+    assert ok.env() == {ENV_ROOT: "/sys/fs/cgroup/tasks"}
+    assert ok.describe() == f"exported {ENV_ROOT}=/sys/fs/cgroup/tasks"
+    lost = CgroupSetup(None, TMPFS_REASON)
+    assert lost.env() == {}
+    assert lost.describe() == f"cgroup witnesses unavailable: {TMPFS_REASON}"
+
+
+# An engine that records each command line and answers the set-up step as told (FAKE_SETUP): ok,
+# refused, or a crash. Everything else succeeds; a leg asked for a JSON report writes one into the
+# outputs directory the runner bound at `run`, as the real witness command would from inside.
+FAKE_ENGINE = """\
+import json, os, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_LOG"], "a") as log:
+    log.write(json.dumps(args) + "\\n")
+state = os.environ["FAKE_LOG"] + ".outputs"
+if args[0] == "run":
+    bind = next(a for a in args if a.endswith(":" + os.environ["FAKE_INSIDE_OUT"] + ":rw"))
+    with open(state, "w") as f:
+        f.write(bind.split(":")[0])
+if args[0] == "exec" and "runners.cgroup_setup" in args:
+    how = os.environ["FAKE_SETUP"]
+    if how == "ok":
+        print("SANDBOX_CONFORMANCE_CGROUP_ROOT=/sys/fs/cgroup/tasks")
+        sys.exit(0)
+    if how == "refused":
+        why = os.environ["FAKE_REASON"]
+        print("sandbox-conformance: cgroup witnesses unavailable: " + why, file=sys.stderr)
+        sys.exit(75)
+    print("Traceback (most recent call last):\\nRuntimeError: boom", file=sys.stderr)
+    sys.exit(1)
+if args[0] == "exec" and "witness" in args and "--json" in args:
+    inside = args[args.index("--json") + 1]
+    with open(os.path.join(open(state).read(), os.path.basename(inside)), "w") as f:
+        json.dump({"version": 1, "exit": 0}, f)
+sys.exit(0)
+"""
+
+
+@pytest.fixture
+def fake_engine(tmp_path: Path) -> Callable[..., tuple[Engine, Path]]:
+    script = tmp_path / "fake-docker"
+    script.write_text(f"#!{sys.executable}\n{FAKE_ENGINE}")
+    script.chmod(0o755)
+    log = tmp_path / "engine.log"
+
+    def make(how: str, reason: str = TMPFS_REASON) -> tuple[Engine, Path]:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "FAKE_LOG": str(log), "FAKE_SETUP": how,
+               "FAKE_REASON": reason, "FAKE_INSIDE_OUT": container.OUTPUTS}
+        return Engine("docker", str(script), env), log
+
+    return make
+
+
+def _run(engine: Engine, tmp_path: Path, *, environ: dict[str, str] | None = None,
+         options: WitnessOptions | None = None) -> tuple[list[container.Leg], list[str]]:
+    said: list[str] = []
+    legs = container.run_container(engine, options or WitnessOptions(), image="img", timeout=60,
+                                   say=said.append, environ=environ or {})
+    return legs, said
+
+
+def _commands(log: Path) -> list[list[str]]:
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def _legs(log: Path) -> list[list[str]]:
+    return [c for c in _commands(log) if c[0] == "exec" and "witness" in c]
+
+
+def test_a_proved_root_is_announced_and_exported_to_both_legs(fake_engine, tmp_path: Path) -> None:
+    engine, log = fake_engine("ok")
+    legs, said = _run(engine, tmp_path)
+    assert [leg.returncode for leg in legs] == [0, 0]
+    assert f"container: cgroup set-up: exported {ENV_ROOT}=/sys/fs/cgroup/tasks" in said
+    cmds = _commands(log)
+    setup_at = next(i for i, c in enumerate(cmds) if "runners.cgroup_setup" in c)
+    install_at = next(i for i, c in enumerate(cmds) if c[0] == "exec" and "sh" in c)
+    leg_at = [i for i, c in enumerate(cmds) if c[0] == "exec" and "witness" in c]
+    # Installed first (the module comes from the checkout), set up once, then both legs.
+    assert install_at < setup_at < min(leg_at) and len(leg_at) == 2
+    assert "--user" not in cmds[setup_at]  # the remount and the moves need root
+    for leg in _legs(log):
+        assert f"{ENV_ROOT}=/sys/fs/cgroup/tasks" in leg
+        assert "--user" not in leg  # root makes the leaves; see container.LEGS
+    root_leg, user_leg = _legs(log)
+    assert "--as-user" not in root_leg
+    assert user_leg[user_leg.index("--as-user") + 1] == container.IMAGE_USER
+
+
+def test_a_refused_setup_is_shown_before_and_after_the_legs_and_nothing_is_promised(
+        fake_engine, tmp_path: Path) -> None:
+    engine, log = fake_engine("refused")
+    legs, said = _run(engine, tmp_path)
+    assert [leg.returncode for leg in legs] == [0, 0]  # the rest of the suite still runs
+    line = f"container: cgroup set-up: cgroup witnesses unavailable: {TMPFS_REASON}"
+    assert said[0] == line
+    assert said[-1] == f"container: note: cgroup witnesses unavailable: {TMPFS_REASON}"
+    for leg in _legs(log):
+        assert not any(a.startswith(f"{ENV_ROOT}=") for a in leg), leg
+
+
+def test_a_crashed_setup_names_its_last_line_and_the_legs_still_run(fake_engine, tmp_path: Path) -> None:
+    engine, log = fake_engine("crash")
+    legs, said = _run(engine, tmp_path)
+    assert len(legs) == 2
+    assert said[0] == "container: cgroup set-up: cgroup witnesses unavailable: the set-up step exited 1: " \
+                      "Traceback (most recent call last): | RuntimeError: boom"
+    for leg in _legs(log):
+        assert not any(a.startswith(f"{ENV_ROOT}=") for a in leg)
+
+
+def test_the_require_switch_reaches_the_legs_and_nothing_else_of_ours_does(fake_engine,
+                                                                           tmp_path: Path) -> None:
+    engine, log = fake_engine("refused")
+    _run(engine, tmp_path, environ={"SANDBOX_CONFORMANCE_REQUIRE": "1", ENV_ROOT: "/sys/fs/cgroup/host",
+                                    "SANDBOX_CONFORMANCE_MODE": "container"})
+    for leg in _legs(log):
+        assert "SANDBOX_CONFORMANCE_REQUIRE=1" in leg
+        # An outer promise is the host's, not the container's: only the set-up makes one in here.
+        assert f"{ENV_ROOT}=/sys/fs/cgroup/host" not in leg
+        assert not any(a.startswith("SANDBOX_CONFORMANCE_MODE") for a in leg)
+
+
+def test_each_legs_json_report_carries_what_the_setup_said(fake_engine, tmp_path: Path) -> None:
+    engine, _ = fake_engine("refused")
+    report = tmp_path / "report.json"
+    _run(engine, tmp_path, options=WitnessOptions(json=str(report)))
+    for label in ("root", container.IMAGE_USER):
+        doc = json.loads((tmp_path / f"report-{label}.json").read_text())
+        assert doc["version"] == 1  # the leg's own document, with the set-up added
+        assert doc["cgroup_setup"] == {"root": None, "reason": TMPFS_REASON}
+
+
+PROC_CGROUPS_HYBRID = """#subsys_name\thierarchy\tnum_cgroups\tenabled
+cpuset\t3\t4\t1
+memory\t4\t9\t1
+pids\t8\t9\t1
+hugetlb\t0\t12\t1
+"""
+
+
+@pytest.mark.parametrize(("proc_cgroups", "why"), [
+    (PROC_CGROUPS_HYBRID, "memory pids bound to a cgroup v1 hierarchy on this kernel (hybrid layout)"),
+    (PROC_CGROUPS_HYBRID.replace("pids\t8", "pids\t0"), "memory bound to a cgroup v1 hierarchy"),
+    (PROC_CGROUPS_HYBRID.replace("memory\t4", "memory\t0").replace("pids\t8", "pids\t0"),
+     "the parent did not delegate them"),
+    (None, "the parent did not delegate them"),  # no /proc/cgroups (CONFIG_PROC_FS without it)
+])
+def test_a_controller_held_by_cgroup_v1_is_named_as_the_reason(tmp_path: Path, proc_cgroups: str | None,
+                                                                why: str) -> None:
+    """What this host's container really hits: its cgroup2 side offers neither memory nor pids, because
+    the kernel bound them to v1 (/proc/cgroups is global, so the container sees the host's bindings)."""
+    from runners.cgroup_setup import Mode, Setup, SetupError
+
+    cgroup, proc = tmp_path / "cg", tmp_path / "proc"
+    cgroup.mkdir()
+    proc.mkdir()
+    (cgroup / "cgroup.controllers").write_text("hugetlb\n")
+    (cgroup / "cgroup.subtree_control").write_text("")
+    if proc_cgroups is not None:
+        (proc / "cgroups").write_text(proc_cgroups)
+    with pytest.raises(SetupError) as e:
+        Setup(Mode.container, mount=cgroup, proc=proc, env={}).enable(cgroup)
+    assert f"lacks memory pids (has: hugetlb): {why}" in str(e.value)
+    assert (cgroup / "cgroup.subtree_control").read_text() == ""  # refused before any write
