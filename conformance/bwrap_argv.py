@@ -33,6 +33,10 @@ PERTURBATIONS: Mapping[str, str] = {
     "uts_shared": "the host uts namespace is shared",
     "caps_kept": "capabilities are kept (--cap-add ALL)",
     "env_kept": "the launcher's environment is passed through (no --clearenv)",
+    # Not an argv change: the harness (conformance/harness.py) still makes and enters the task's
+    # cgroup leaf, but writes none of the profile's limits into it.
+    "limits_dropped": "the task's cgroup leaf gets no memory.max / pids.max",
+    "leaf_not_entered": "the task's cgroup leaf is made with its limits, but the task never enters it",
 }
 
 # Where a usrmerged host keeps the rest of the system: /bin -> usr/bin etc.

@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import pwd
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -21,7 +20,7 @@ from conformance import bwrap_argv
 from conformance import profile as profile_mod
 from conformance.launch import external
 from probes.host import Host
-from runners.errors import EXIT_FAIL, EXIT_OK, EXIT_USAGE, Refusal, UsageError
+from runners.errors import EXIT_FAIL, EXIT_OK, EXIT_USAGE, Refusal, UsageError, check_as_user
 
 WITNESS_MODULE = Path(__file__).resolve().parent / "test_witnesses.py"
 PERTURB_ENV = "SANDBOX_CONFORMANCE_PERTURB"  # comma-separated, for the negative controls (issue 6)
@@ -69,7 +68,9 @@ class _Result:
     nodeid: str
     family: str
     label: str
-    outcome: str = "passed"  # passed, failed, error, skipped
+    # not_run until a report says otherwise: a witness that never ran (`--collect-only`, `-x`) must
+    # never count as a kept promise.
+    outcome: str = "not_run"  # not_run, passed, failed, error, skipped
     detail: str = ""
 
 
@@ -110,7 +111,9 @@ class _Collector:
                 r.outcome, r.detail = "failed", props.get("sbxc_saw") or _first_line(report)
             elif r.outcome != "failed":
                 r.outcome, r.detail = "error", f"{report.when} error: {_first_line(report)}"
-        elif report.skipped and r.outcome == "passed":
+        elif report.passed and report.when == "call" and r.outcome == "not_run":
+            r.outcome = "passed"
+        elif report.skipped and r.outcome in ("not_run", "passed"):
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             r.outcome, r.detail = "skipped", reason.removeprefix("Skipped: ")
 
@@ -132,16 +135,19 @@ def promise_lines(results: list[_Result]) -> list[tuple[str, str, str]]:
         err = [r for r in rs if r.outcome == "error"]
         req = [r for r in rs if r.outcome == "failed" and r.detail.startswith("not tested")]
         skipped = [r for r in rs if r.outcome == "skipped"]
+        not_run = [r for r in rs if r.outcome == "not_run"]
         if bad:
             out.append((label, "BROKEN", "; ".join(dict.fromkeys(r.detail for r in bad))))
         elif err:
             out.append((label, "not tested", err[0].detail))
         elif req:
             out.append((label, "not tested", req[0].detail.removeprefix("not tested: ")))
-        elif skipped and len(skipped) == len(rs):
-            out.append((label, "not tested", skipped[0].detail))
+        elif len(skipped) + len(not_run) == len(rs):
+            out.append((label, "not tested", skipped[0].detail if skipped else "its witnesses did not run"))
         elif skipped:
             out.append((label, "kept", f"partly: {skipped[0].detail}"))
+        elif not_run:
+            out.append((label, "kept", f"partly: {len(rs) - len(not_run)} of {len(rs)} witnesses ran"))
         else:
             out.append((label, "kept", ""))
     return out
@@ -170,13 +176,7 @@ def _validate(args: argparse.Namespace) -> tuple[profile_mod.Profile, Any]:
         launcher = external(args.launcher) if args.launcher else None
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if args.as_user:
-        if os.geteuid() != 0:
-            raise UsageError("--as-user needs root (tasks are launched through setpriv)")
-        try:
-            pwd.getpwnam(args.as_user)
-        except KeyError:
-            raise UsageError(f"--as-user: no such user {args.as_user!r}") from None
+    check_as_user(args.as_user)
     perturb = set(args.perturb) | {p for p in os.environ.get(PERTURB_ENV, "").split(",") if p}
     unknown = perturb - set(bwrap_argv.PERTURBATIONS)
     if unknown:
@@ -260,9 +260,10 @@ def main(args: argparse.Namespace) -> int:
 
     skip_problem = plugin.expected_skip_problems(config) if config is not None else None
     harness = [r.detail for r in results if r.outcome == "error"]
-    if rc == 0 and results:
+    ran = [r for r in results if r.outcome != "not_run"]
+    if rc == 0 and ran:
         code = EXIT_OK
-    elif rc in (0, 5) and not results:
+    elif rc in (0, 5) and not ran:
         print(
             "sandbox-conformance witness: no witness ran (all deselected or none collected)", file=sys.stderr
         )
@@ -311,7 +312,14 @@ def main(args: argparse.Namespace) -> int:
             ],
             "expected_skips_problem": skip_problem,
             "tasks": [
-                {"launcher": t.launcher, "argv": list(t.argv), "observations": dict(t.doc)} for t in tasks
+                {
+                    "launcher": t.launcher,
+                    "argv": list(t.argv),
+                    "observations": dict(t.doc),
+                    # the task's cgroup leaf as the host saw it (None: no leaf)
+                    "cgroup": dict(t.cgroup) if t.cgroup is not None else None,
+                }
+                for t in tasks
             ],
         }
         text = json.dumps(doc, indent=2, default=str)

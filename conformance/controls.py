@@ -39,6 +39,10 @@ class Needs(enum.StrEnum):
     """A host fact a control needs before it means anything."""
 
     disable_userns = enum.auto()  # the `disable_userns` probe: supported
+    cgroup_root = enum.auto()  # the `cgroup.delegation` probe: a usable root (each task gets a leaf)
+    # A usable root, and tasks launched as root: the host's cgroup files belong to uid 0, so an
+    # unprivileged task is refused by file modes (EACCES) whatever the sandbox shows it.
+    cgroup_root_as_root = enum.auto()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +109,11 @@ NO_CAPS = _w("test_the_task_has_no_capabilities")
 NNP = _w("test_no_new_privs_is_set")
 ENV_ALLOWLIST = _w("test_only_allowlisted_environment_keys_arrive")
 ENV_SECRET = _w("test_the_launchers_secret_does_not_reach_the_task")
+CGROUP_OWN_LEAF = _w("test_the_task_runs_in_its_own_cgroup_leaf")
+CGROUP_OOM = _w("test_an_allocation_past_memory_max_is_oom_killed")
+CGROUP_PIDS = _w("test_forking_past_pids_max_fails_with_eagain")
+CGROUP_KILL = _w("test_a_task_tree_is_reaped_whole_by_cgroup_kill")
+CGROUP_NEIGHBOUR = _w("test_a_neighbour_tasks_leaf_is_not_writable_from_inside")
 
 CONTROLS: tuple[Control, ...] = (
     Control(
@@ -168,6 +177,22 @@ CONTROLS: tuple[Control, ...] = (
         perturb="env_kept",
         reddens=(ENV_ALLOWLIST, ENV_SECRET),
     ),
+    Control(
+        "limits_dropped",
+        "the task's cgroup leaf is made and entered, but none of the profile's limits is written to it",
+        perturb="limits_dropped",
+        # The leaf itself is still there: the own-leaf, cgroup.kill and neighbour witnesses stay green.
+        reddens=(CGROUP_OOM, CGROUP_PIDS),
+        needs=Needs.cgroup_root,
+    ),
+    Control(
+        "leaf_not_entered",
+        "the task's cgroup leaf is made with the profile's limits, but the task is never put into it",
+        perturb="leaf_not_entered",
+        # The neighbour's leaf is as unreachable as before: that witness stays green.
+        reddens=(CGROUP_OWN_LEAF, CGROUP_OOM, CGROUP_PIDS, CGROUP_KILL),
+        needs=Needs.cgroup_root,
+    ),
     # The reference launcher has no perturbation for the promises below: the reference argv plus one
     # extra bwrap instruction, appended last so it wins over the reference mounts (bwrap applies its
     # setup operations in command-line order).
@@ -218,6 +243,17 @@ CONTROLS: tuple[Control, ...] = (
         reddens=(USR_EROFS,),
     ),
     Control(
+        "cgroup_tree_bound",
+        "the host's cgroup2 tree is bound read-write into the task (no cgroup namespace can hide a "
+        "neighbour's leaf then)",
+        launcher_args=("--append=--bind", "--append=/sys/fs/cgroup", "--append=/sys/fs/cgroup"),
+        # Only the neighbour's memory.max goes through: its cgroup.procs still refuses a move out of
+        # the task's cgroup namespace under nsdelegate (ENOENT, kernel/cgroup/cgroup.c
+        # cgroup_procs_write_permission); one accepted write is a broken promise.
+        reddens=(CGROUP_NEIGHBOUR,),
+        needs=Needs.cgroup_root_as_root,
+    ),
+    Control(
         "no_new_privs_off",
         "the task enters the reference sandbox's namespaces from outside (setns), without "
         "PR_SET_NO_NEW_PRIVS, which bwrap always sets on its own children",
@@ -240,6 +276,13 @@ UNCONTROLLED: tuple[Uncontrolled, ...] = (
 AVAILABILITY: frozenset[str] = frozenset(
     key(t) for t in (USR_READABLE, STATE_READABLE, WORKDIR_WRITABLE, CONTROL_READABLE, USER_TMP_WRITABLE)
 )
+# Witnesses of the task's cgroup leaf: the harness, not the sandbox, makes the leaf and writes its
+# limits (conformance/harness.py), so a task with no sandbox at all still has them. The unsandboxed
+# baseline does not require them red; it may still redden some (as root, nothing stops a write to the
+# neighbour's leaf), which is declared collateral.
+HARNESS_ENFORCED: frozenset[str] = frozenset(
+    key(t) for t in (CGROUP_OWN_LEAF, CGROUP_OOM, CGROUP_PIDS, CGROUP_KILL, CGROUP_NEIGHBOUR)
+)
 
 UNSANDBOXED = "unsandboxed"
 
@@ -248,12 +291,29 @@ def by_name(controls: Sequence[Control] = CONTROLS) -> dict[str, Control]:
     return {c.name: c for c in controls}
 
 
-def not_applicable(control: Control, *, disable_userns: bool, disable_userns_reason: str) -> str | None:
+def not_applicable(
+    control: Control,
+    *,
+    disable_userns: bool,
+    disable_userns_reason: str,
+    cgroup_root: bool = False,
+    cgroup_root_reason: str = "the cgroup.delegation probe was not consulted",
+    as_root: bool = True,
+) -> str | None:
     """Why this control cannot mean anything on this host, or None."""
     if control.needs is Needs.disable_userns and not disable_userns:
         # The reference launcher only passes --disable-userns where the probe saw it work, and the
         # nested-userns witness skips otherwise: there is no boundary to take away.
         return f"the disable_userns probe says --disable-userns does not work here: {disable_userns_reason}"
+    if control.needs in (Needs.cgroup_root, Needs.cgroup_root_as_root) and not cgroup_root:
+        # No usable root: no task gets a leaf, the cgroup witnesses skip, and there is no leaf to
+        # break (the VM mode, `run --mode vm`, has a root).
+        return f"no usable cgroup root here, so no task gets a cgroup leaf: {cgroup_root_reason}"
+    if control.needs is Needs.cgroup_root_as_root and not as_root:
+        return (
+            "tasks run as an unprivileged user: the cgroup files belong to root, so file modes refuse "
+            "the write whatever the sandbox shows (run the controls as root)"
+        )
     return None
 
 
@@ -291,7 +351,8 @@ def unsandboxed(baseline_passed: Iterable[str], baseline_other: Mapping[str, str
     """The unsandboxed baseline as a control: the witness program run with no sandbox at all (`env`
     as the launcher) must turn every isolation witness that passed in the baseline red. A witness
     that did not pass in the baseline proves nothing either way: declared collateral, with why."""
-    names = tuple(sorted(k for k in map(key, baseline_passed) if k not in AVAILABILITY))
+    passed = list(map(key, baseline_passed))
+    names = tuple(sorted(k for k in passed if k not in AVAILABILITY | HARNESS_ENFORCED))
     return Control(
         UNSANDBOXED,
         "no sandbox at all: the witness program runs directly on the host",
@@ -300,5 +361,9 @@ def unsandboxed(baseline_passed: Iterable[str], baseline_other: Mapping[str, str
         collateral=tuple(
             Collateral(_w(key(k)), f"did not pass in the baseline ({why}): not judged")
             for k, why in sorted(baseline_other.items())
+        )
+        + tuple(
+            Collateral(_w(k), "the harness's cgroup leaf, not the sandbox, keeps it: not judged")
+            for k in sorted(set(passed) & HARNESS_ENFORCED)
         ),
     )

@@ -17,7 +17,6 @@ import concurrent.futures
 import dataclasses
 import json
 import os
-import pwd
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -29,11 +28,12 @@ from conformance import controls_judge as judge_mod
 from conformance.controls import Control
 from conformance.controls_judge import Result, Status, Verdict
 from probes.run import Completed, Runner, minimal_env, run
-from runners.errors import EXIT_FAIL, EXIT_OK, Refusal, UsageError
+from runners.errors import EXIT_FAIL, EXIT_OK, Refusal, UsageError, check_as_user
 
 # A witness run takes well under a second here (one launch serves every witness); the bound is for a
 # wedged sandbox, and `witness` bounds each launch itself (--timeout).
 RUN_TIMEOUT = 120.0
+CGROUP_ROOT_ENV = "SANDBOX_CONFORMANCE_CGROUP_ROOT"  # probes/cgroup.py PROMISE_ENV
 LAUNCH_TIMEOUT = 30.0
 
 
@@ -86,8 +86,11 @@ def witness_runner(
             argv += ["--as-user", as_user]
         argv += list(extra)
         # minimal_env: no SANDBOX_CONFORMANCE_REQUIRE (a skip must stay a skip for the judge to see)
-        # and no SANDBOX_CONFORMANCE_PERTURB leaking into the baseline.
-        done: Completed = runner(argv, timeout=timeout, env=minimal_env(), cwd=str(workdir))
+        # and no SANDBOX_CONFORMANCE_PERTURB leaking into the baseline. The cgroup root promise is
+        # kept: every run must give its tasks the same leaves (the container and VM modes prove a
+        # root and promise it through this variable only).
+        promised = {k: os.environ[k] for k in (CGROUP_ROOT_ENV,) if k in os.environ}
+        done: Completed = runner(argv, timeout=timeout, env=minimal_env(promised), cwd=str(workdir))
         return _read(done, junit)
 
     return go
@@ -122,14 +125,24 @@ class Planned:
 
 
 def plan(
-    chosen: Sequence[Control], *, disable_userns: bool, disable_userns_reason: str
+    chosen: Sequence[Control],
+    *,
+    disable_userns: bool,
+    disable_userns_reason: str,
+    cgroup_root: tuple[bool, str] = (False, "the cgroup.delegation probe was not consulted"),
+    as_root: bool = True,
 ) -> tuple[list[Planned], list[Verdict]]:
     """PURE: what to run for each chosen control on this host, and the ones that cannot apply."""
     todo: list[Planned] = []
     skipped: list[Verdict] = []
     for c in chosen:
         why = catalogue.not_applicable(
-            c, disable_userns=disable_userns, disable_userns_reason=disable_userns_reason
+            c,
+            disable_userns=disable_userns,
+            disable_userns_reason=disable_userns_reason,
+            cgroup_root=cgroup_root[0],
+            cgroup_root_reason=cgroup_root[1],
+            as_root=as_root,
         )
         if why:
             skipped.append(judge_mod.not_applicable(c, why))
@@ -160,13 +173,7 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError("--jobs: expected at least 1")
     if args.timeout <= 0:
         raise UsageError("--timeout: expected a positive number of seconds")
-    if args.as_user:
-        if os.geteuid() != 0:
-            raise UsageError("--as-user needs root (tasks are launched through setpriv)")
-        try:
-            pwd.getpwnam(args.as_user)
-        except KeyError:
-            raise UsageError(f"--as-user: no such user {args.as_user!r}") from None
+    check_as_user(args.as_user)
 
 
 def _disable_userns(as_user: str | None) -> tuple[bool, str]:
@@ -177,6 +184,16 @@ def _disable_userns(as_user: str | None) -> tuple[bool, str]:
     if f is None:
         return False, "the disable_userns probe did not report"
     return bool(f.ok), f"{f.verdict}: {f.reason}"
+
+
+def _cgroup_root(as_user: str | None) -> tuple[bool, str]:
+    """The guard probe that decides whether each task gets a cgroup leaf (conformance/harness.py)."""
+    from conformance.harness import findings
+
+    f = findings(as_user).get("cgroup.delegation")
+    if f is None:
+        return False, "the cgroup.delegation probe did not report"
+    return bool(f.ok and f.facts.get("root")), f"{f.verdict}: {f.reason}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +208,7 @@ class Report:
     coverage: list[judge_mod.Coverage]
     partial: bool
     disable_userns: tuple[bool, str]
+    cgroup_root: tuple[bool, str] = (False, "the cgroup.delegation probe was not consulted")
 
     @property
     def exit_code(self) -> int:
@@ -209,6 +227,8 @@ def execute(
     disable_userns: tuple[bool, str],
     jobs: int,
     partial: bool,
+    cgroup_root: tuple[bool, str] = (False, "the cgroup.delegation probe was not consulted"),
+    as_root: bool = True,
 ) -> Report:
     base = witness(())
     problem = judge_mod.baseline_problems(base.results, base.problem)
@@ -219,7 +239,13 @@ def execute(
         )
     assert base.results is not None
     baseline = base.results
-    todo, verdicts = plan(chosen, disable_userns=disable_userns[0], disable_userns_reason=disable_userns[1])
+    todo, verdicts = plan(
+        chosen,
+        disable_userns=disable_userns[0],
+        disable_userns_reason=disable_userns[1],
+        cgroup_root=cgroup_root,
+        as_root=as_root,
+    )
     unsb: Planned | None = None
     if with_unsandboxed:
         passed = [t for t, r in baseline.items() if r.outcome is judge_mod.Outcome.passed]
@@ -278,6 +304,7 @@ def execute(
         cov,
         partial,
         disable_userns,
+        cgroup_root,
     )
 
 
@@ -370,6 +397,7 @@ def to_json(report: Report, controls: Mapping[str, Control]) -> dict[str, Any]:
         "version": 1,
         "exit": report.exit_code,
         "disable_userns": {"works": report.disable_userns[0], "reason": report.disable_userns[1]},
+        "cgroup_root": {"usable": report.cgroup_root[0], "reason": report.cgroup_root[1]},
         "baseline": {
             "problems": list(report.baseline_problem.lines) if report.baseline_problem else [],
             "witnesses": {
@@ -412,6 +440,8 @@ def main(args: argparse.Namespace) -> int:
             disable_userns=disable_userns,
             jobs=args.jobs,
             partial=bool(args.only),
+            cgroup_root=_cgroup_root(args.as_user),
+            as_root=args.as_user is None and os.geteuid() == 0,
         )
     controls = catalogue.by_name()
     if args.json:

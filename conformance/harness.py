@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
+import json
 import os
 import shutil
+import signal
 import socket
+import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,9 +37,13 @@ from conformance.launch import (
 from conformance.profile import Profile, expand
 from probes.finding import Finding, Verdict
 from probes.host import Host
-from probes.run import minimal_env
+from probes.run import Completed, minimal_env, run
 
 GUARD_PROBES = ("disable_userns", "cgroup.delegation")
+# The neighbour leaf's limits when the profile sets none (a leaf with "max" everywhere would not show
+# a successful write of "max").
+NEIGHBOUR_MEMORY_MAX = 64 << 20
+NEIGHBOUR_PIDS_MAX = 16
 
 
 def _probe(as_user: str | None, host: Host | None = None) -> dict[str, Finding]:
@@ -245,22 +254,47 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         if self.layout is None or self.host is None:
             raise HarnessError("witness session used outside its `with` block")
         lay, values = self.layout, self.layout.values()
-        the_plan = plan.build(self.profile, values, lay.nonce, self.host, task_uid=lay.owner_uid)
         spec_file = layout.write_spec(lay, self.spec())
         argv = self.argv()
         env = minimal_env({SPEC_ENV: str(spec_file), SECRET_ENV: f"sbxc-secret-{lay.nonce}"})
         cgroup: dict[str, Any] | None = None
         root, _ = self.cgroup_root()
+        the_plan = plan.build(self.profile, values, lay.nonce, self.host, task_uid=lay.owner_uid)
+        after: dict[str, str | None] = {}
         try:
             with contextlib.ExitStack() as leaf_stack:
+                leaf: cgroup_leaf.Leaf | None = None
+                killer: _TreeKill | None = None
+                runner = run
                 if root is not None:
-                    # The task's own leaf with the profile's limits, entered by the shim before the
-                    # launcher (or setpriv) executes; killed and removed on the way out, whatever happened.
+                    # A neighbour task's leaf (a sibling, with limits of its own) the task must not
+                    # be able to write to, then the task's own leaf with the profile's limits,
+                    # entered by the shim before the launcher (or setpriv) executes; both killed and
+                    # removed on the way out, whatever happened.
                     lim = self.profile.limits
+                    neighbour = leaf_stack.enter_context(cgroup_leaf.task_leaf(
+                        root, cgroup_leaf.unique_name("neighbour"),
+                        cgroup_leaf.Limits(memory_max=lim.memory_max or NEIGHBOUR_MEMORY_MAX,
+                                           pids_max=lim.pids_max or NEIGHBOUR_PIDS_MAX)))
+                    limits = cgroup_leaf.Limits(memory_max=lim.memory_max, pids_max=lim.pids_max)
+                    if "limits_dropped" in self.perturbations:
+                        # The negative control: the leaf is made and entered, nothing is written.
+                        limits = cgroup_leaf.Limits(swap_max=None)
                     leaf = leaf_stack.enter_context(cgroup_leaf.task_leaf(
-                        root, cgroup_leaf.unique_name("task"),
-                        cgroup_leaf.Limits(memory_max=lim.memory_max, pids_max=lim.pids_max)))
-                    argv = (*leaf.enter_argv(), *argv)
+                        root, cgroup_leaf.unique_name("task"), limits))
+                    if "leaf_not_entered" not in self.perturbations:
+                        argv = (*leaf.enter_argv(), *argv)
+                    neighbour_before = _read(neighbour.path / "memory.max")
+                    if "cgroup" in self.profile.promises():
+                        # Only a profile with [limits] is asked about them: the trials, the tree and
+                        # its kill. Without the promise the leaf still holds the task, untested.
+                        trials = plan.cgroup_trials(self.profile, values, lay.nonce, str(neighbour.path))
+                        the_plan = plan.build(self.profile, values, lay.nonce, self.host,
+                                              task_uid=lay.owner_uid, cgroup=trials)
+                        killer = _TreeKill(leaf, Path(trials["tree_marker"]), timeout=self.timeout)
+                        leaf_stack.callback(killer.stop)
+                        killer.start()
+                        runner = killer.runner
                 doc = launch(
                     self.launcher.name,
                     argv,
@@ -268,9 +302,23 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
                     env=env,
                     timeout=self.timeout,
                     cwd=str(lay.root),
+                    runner=runner,
                 )
-                if root is not None:
-                    cgroup = dict(cgroup_leaf.summary(leaf), cgroup_path=leaf.cgroup_path)
+                if leaf is not None:
+                    if killer is not None:
+                        killer.stop()
+                    cgroup = dict(
+                        cgroup_leaf.summary(leaf),
+                        cgroup_path=leaf.cgroup_path,
+                        kill=killer.result if killer is not None else None,
+                        neighbour={
+                            "path": str(neighbour.path),
+                            "cgroup_path": neighbour.cgroup_path,
+                            "memory_max_before": neighbour_before,
+                            "memory_max_after": _read(neighbour.path / "memory.max"),
+                            "procs_after": neighbour.procs(),
+                        },
+                    )
         except cgroup_leaf.CgroupError as e:
             raise HarnessError(f"{self.launcher.name}: task cgroup: {e}") from None
         finally:
@@ -291,3 +339,115 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             argv=argv,
             cgroup=cgroup,
         )
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return None
+
+
+def host_view(pid: int) -> dict[str, Any] | None:
+    """A process as the host sees it (None once it is gone): its pid in each pid namespace (NSpid,
+    innermost last), pid namespace, session, state, start time and cgroup, from /proc/PID."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+        pidns = os.readlink(f"/proc/{pid}/ns/pid")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # proc(5): comm is in parentheses and may hold spaces; fields resume after the LAST ')'.
+    rest = stat[stat.rindex(")") + 2 :].split()
+    nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+    return {
+        "pid": pid,
+        "nspid": [int(x) for x in nspid],
+        "pidns": pidns,
+        "state": rest[0],
+        "sid": int(rest[3]),
+        "starttime": int(rest[19]),
+        "cgroup": cgroup.splitlines(),
+    }
+
+
+def _alive(seen: dict[str, Any]) -> bool:
+    now = host_view(seen["pid"])
+    # A zombie is dead: it only waits for its (new) parent to reap it. Same pid but another start
+    # time: reused by an unrelated process.
+    return now is not None and now["starttime"] == seen["starttime"] and now["state"] not in ("Z", "X")
+
+
+class _TreeKill:
+    """The host side of the cgroup.kill witness. The witness program, once its document is out, leaves
+    a tree (a child, a setsid child and its grandchild) and writes a marker in its workdir; this thread
+    then records what the leaf holds (the task itself included: the own-leaf witness), kills the whole
+    leaf with cgroup.kill, and records who survived. The launch then ends by that SIGKILL, which
+    `runner` reports as the clean exit it is: the document was complete before the kill (the witness
+    program flushes it first, and parse_document still demands its completion marker)."""
+
+    def __init__(self, leaf: cgroup_leaf.Leaf, marker: Path, *, timeout: float) -> None:
+        self.leaf, self.marker, self.timeout = leaf, marker, timeout
+        self.result: dict[str, Any] = {"killed": False, "why": "the task never signalled its tree"}
+        self._stop = threading.Event()
+        self._killing = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="sbxc-tree-kill", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    @property
+    def killed(self) -> bool:
+        return bool(self.result.get("killed"))
+
+    def runner(self, argv: Any, **kw: Any) -> Completed:
+        done = run(argv, **kw)
+        if done.returncode == -signal.SIGKILL and self._killing.is_set():
+            self._thread.join()  # the launcher died of our cgroup.kill: wait for the record of it
+            if self.killed:
+                done = dataclasses.replace(done, returncode=0)
+        return done
+
+    def _ready(self) -> dict[str, Any] | None:
+        try:
+            text = self.marker.read_text()
+        except FileNotFoundError:
+            return None
+        if not text.endswith("\n"):
+            return None  # opened, not yet written: the document is not out yet
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError:
+            return None
+        return doc if isinstance(doc, dict) and doc.get("ready") else None
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            marker = self._ready()
+            if marker is not None:
+                self._kill(marker)
+                return
+            self._stop.wait(0.02)
+
+    def _kill(self, marker: dict[str, Any]) -> None:
+        try:
+            before = [v for v in map(host_view, self.leaf.procs()) if v is not None]
+            self._killing.set()
+            method = self.leaf.kill(timeout=10)
+            self.result = {"killed": True, "method": str(method), "marker": marker, "before": before}
+            after = self.leaf.procs()
+            alive = [v["pid"] for v in before if _alive(v)]
+            deadline = time.monotonic() + 2.0
+            while alive and time.monotonic() < deadline:  # SIGKILLed tasks exit asynchronously
+                time.sleep(0.02)
+                alive = [v["pid"] for v in before if _alive(v)]
+            self.result.update(after=after, alive_after=alive)
+        except cgroup_leaf.CgroupError as e:
+            self.result = {"killed": False, "why": f"cgroup.kill failed: {e}"}

@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import sys
+import time
 
 VERSION = 1
 CLONE_NEWUSER = 0x10000000  # <linux/sched.h>
@@ -205,6 +206,143 @@ def nested_userns():
     return {"ok": True, "errno": None}
 
 
+# ---- cgroup trials (plan["cgroup"], present only when the harness gave the task a leaf) ----------
+
+
+def memory_trial(size):
+    # A forked child allocates `size` bytes in 16 MiB steps; bytes * n fills every page (a bytearray
+    # would be calloc'd pages never touched, never charged). Past memory.max the memcg OOM killer
+    # SIGKILLs the biggest task in the leaf: this child (mm/oom_kill.c, oom_badness: rss + page
+    # tables). The parent only reports how the child ended.
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            held, got, step = [], 0, 16 << 20
+            while got < size:
+                held.append(b"x" * step)
+                got += step
+        except MemoryError:
+            code = 3
+        except BaseException:
+            code = 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return {
+        "size": size,
+        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+        "exit": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+    }
+
+
+def pids_trial(tries):
+    # Fork until refused (at most `tries` times): each child blocks on a pipe so it holds its pid
+    # until we are done counting, then every child is released and reaped. pids.max refuses fork(2)
+    # with EAGAIN (kernel/cgroup/pids.c, pids_can_fork).
+    r, w = os.pipe()
+    children, refused = [], None
+    try:
+        for _ in range(tries):
+            try:
+                pid = os.fork()
+            except OSError as e:
+                refused = errname(e)
+                break
+            if pid == 0:
+                try:
+                    os.close(w)
+                    os.read(r, 1)
+                finally:
+                    os._exit(0)
+            children.append(pid)
+    finally:
+        os.close(w)  # EOF on every child's read: they all exit
+        os.close(r)
+        for pid in children:
+            os.waitpid(pid, 0)
+    return {"tries": tries, "forked": len(children), "refused": refused}
+
+
+def write_existing(path, data):
+    # O_WRONLY without O_CREAT: a cgroup interface file is never created by a write.
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, data.encode())
+    finally:
+        os.close(fd)
+
+
+def _sleeper(hold):
+    # A member of the tree: holds nothing of ours (stdout would keep the harness's pipe open) and
+    # sleeps until the harness's cgroup.kill, or `hold` seconds.
+    try:
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        time.sleep(hold)
+    finally:
+        os._exit(0)
+
+
+def spawn_tree(hold):
+    # A child, and a child that left our session (setsid) with a grandchild: a kill of our process
+    # group or session would miss the last two; cgroup.kill must not.
+    r, w = os.pipe()
+    first = os.fork()
+    if first == 0:
+        _sleeper(hold)
+    second = os.fork()
+    if second == 0:
+        try:
+            os.close(r)
+            os.setsid()
+            grand = os.fork()
+            if grand == 0:
+                _sleeper(hold)
+            os.write(w, (str(grand) + "\n").encode())
+            os.close(w)
+        finally:
+            _sleeper(hold)
+    os.close(w)
+    got = b""
+    while not got.endswith(b"\n"):
+        chunk = os.read(r, 64)
+        if not chunk:
+            break
+        got += chunk
+    os.close(r)
+    return [
+        {"pid": first, "role": "child"},
+        {"pid": second, "role": "setsid child"},
+        {"pid": int(got.strip() or 0), "role": "setsid grandchild"},
+    ]
+
+
+def open_marker(path):
+    # Opened (created) now, written only after the document is out: creating a file after a
+    # successful nested unshare(CLONE_NEWUSER) would fail (EOVERFLOW: our uid is unmapped there),
+    # writing to an open descriptor does not.
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+
+
+def cgroup_trials(cg, doc):
+    doc["cgroup_self"] = observe(read_text, "/proc/self/cgroup")
+    if cg.get("memory_alloc"):
+        doc["memory_trial"] = observe(memory_trial, cg["memory_alloc"])
+    if cg.get("pids_forks"):
+        doc["pids_trial"] = observe(pids_trial, cg["pids_forks"])
+    doc["neighbour_writes"] = [
+        dict(w, result=observe(attempt, lambda w=w: write_existing(w["path"], w["data"])))
+        for w in cg.get("neighbour_writes", [])
+    ]
+    doc["tree"] = observe(spawn_tree, cg.get("hold_seconds", 20))
+    try:
+        return open_marker(cg["tree_marker"])
+    except OSError as e:
+        doc["tree_marker"] = {"error": errname(e)}
+        return None
+
+
 def observe(fn, *args):
     try:
         return fn(*args)
@@ -234,11 +372,19 @@ def main(plan):
     doc["hostname"] = observe(socket.gethostname)
     doc["environment_keys"] = observe(environment_keys)
     doc["cwd"] = observe(os.getcwd)
+    cg = plan.get("cgroup")
+    marker = cgroup_trials(cg, doc) if cg else None
     if plan.get("nested_userns", True):
         doc["nested_userns"] = observe(nested_userns)
     doc["complete"] = True
     sys.stdout.write(json.dumps(doc) + "\n")
     sys.stdout.flush()
+    if marker is not None:
+        # The document is out: tell the harness (on the host) that the tree is in place. It kills
+        # the whole leaf (cgroup.kill), us included; the sleep only bounds a harness that never does.
+        os.write(marker, (json.dumps({"pid": os.getpid(), "ready": True}) + "\n").encode())
+        os.close(marker)
+        time.sleep(cg.get("hold_seconds", 20))
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ class Plan:
     nested_userns: bool
     # paths the harness must check (and clean) on the host after the launch
     host_checks: tuple[str, ...] = ()
+    # The cgroup trials (see cgroup_trials), or None when the task gets no leaf.
+    cgroup: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -53,6 +55,7 @@ class Plan:
             "tcp": [list(t) for t in self.tcp],
             "unix_abstract": list(self.unix_abstract),
             "nested_userns": self.nested_userns,
+            "cgroup": dict(self.cgroup) if self.cgroup is not None else None,
         }
 
 
@@ -72,8 +75,49 @@ def _host_files(path: str, owner: int | None = None) -> list[str]:
     return names[:MAX_HOST_ENTRIES]
 
 
+# The allocation past memory.max: enough that no slack (kernel rounding to pages, the memcg charge
+# batch of 64 pages per cpu, mm/memcontrol.c MEMCG_CHARGE_BATCH) can absorb it.
+MEMORY_PAST = 64 << 20
+# pids.max above this is not exhausted from inside a witness (each fork costs ~40x more under the VM
+# mode's TCG emulation): the pids witness says so instead of forking for minutes.
+PIDS_TRIAL_CAP = 4096
+# How long the witness program holds its process tree for the harness's cgroup.kill; the harness
+# kills within milliseconds of the marker (its poll is 20 ms), so this only bounds a task the kill
+# cannot reach (one that is not in its leaf), at the cost of that long a launch.
+HOLD_SECONDS = 5
+TREE_MARKER = ".sbxc-tree-"
+
+
+def cgroup_trials(
+    profile: Profile, values: Mapping[str, str], nonce: str, neighbour: str | None
+) -> dict[str, Any]:
+    """What the witness program tries against its leaf. Sized from the PROFILE's limits, not from
+    what the leaf holds: the promise is the profile's, and a launcher that wrote no limit must meet the
+    same trial (and fail it). `neighbour`: a sibling leaf's directory the task must not write to."""
+    lim = profile.limits
+    pids = lim.pids_max
+    return {
+        "memory_alloc": lim.memory_max + MEMORY_PAST if lim.memory_max is not None else None,
+        # Enough forks to pass the limit even if the launcher itself holds none of the leaf's pids.
+        "pids_forks": pids + 16 if pids is not None and pids <= PIDS_TRIAL_CAP else None,
+        "neighbour_writes": [
+            {"path": f"{neighbour}/cgroup.procs", "data": "0"},  # "0": the writer itself (cgroup-v2.rst)
+            {"path": f"{neighbour}/memory.max", "data": "max"},
+        ]
+        if neighbour
+        else [],
+        "tree_marker": f"{values['workdir']}/{TREE_MARKER}{nonce}",
+        "hold_seconds": HOLD_SECONDS,
+    }
+
+
 def build(
-    profile: Profile, values: Mapping[str, str], nonce: str, host: HostView, task_uid: int | None = None
+    profile: Profile,
+    values: Mapping[str, str],
+    nonce: str,
+    host: HostView,
+    task_uid: int | None = None,
+    cgroup: Mapping[str, Any] | None = None,
 ) -> Plan:
     """Ops in three phases (look, then try to write, then try to remove), so a broken sandbox that
     lets a write through cannot change what a later look sees."""
@@ -140,6 +184,7 @@ def build(
         unix_abstract=(host.abstract_name,) if net else (),
         nested_userns=profile.nested_userns.value == "refused",
         host_checks=tuple(checks),
+        cgroup=cgroup,
     )
 
 

@@ -104,6 +104,10 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{MARKER}(family): a witness of one promise family of the sandbox profile "
         "(deselected when the profile makes no such promise; skips gated by --sbxc-require)",
     )
+    config.addinivalue_line(
+        "markers",
+        "cgroup: a witness of the per-task cgroup leaf and its limits (select with `-m cgroup`)",
+    )
     config.stash[_skipped_key] = {}
     config.stash[_tasks_key] = []
     if _active(config):

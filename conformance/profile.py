@@ -135,6 +135,11 @@ class Profile:
             "capabilities": pr.capabilities is Caps.none,
             "no_new_privs": pr.no_new_privs,
             "environment": self.environment.allow is not None,
+            # A profile with a [limits] section promises a cgroup leaf per task; each limit its own
+            # family, so a profile that sets only one of them is not asked about the other.
+            "cgroup": self.limits.memory_max is not None or self.limits.pids_max is not None,
+            "memory_max": self.limits.memory_max is not None,
+            "pids_max": self.limits.pids_max is not None,
         }
         return tuple(k for k, v in made.items() if v)
 

@@ -332,3 +332,139 @@ def test_the_launchers_secret_does_not_reach_the_task(sbxc_task: Task) -> None:
     keys = sbxc_task.get("environment_keys")
     assert isinstance(keys, list), f"the task could not read its environment: {keys}"
     assert sbxc_task.host.secret_key not in keys, f"{sbxc_task.host.secret_key} reached the task"
+
+
+# ---- cgroup limits -----------------------------------------------------------------------------------
+# The harness gives each task its own leaf with the profile's limits (conformance/harness.py) when the
+# cgroup.delegation probe proved a usable root; the witness program tries the limits from inside and
+# the harness reads the leaf's event counters on the host. Also marked `cgroup` for `-m cgroup`.
+
+cgroup = pytest.mark.cgroup
+
+
+def _leaf(task: Task, session: WitnessSession) -> dict:
+    if task.cgroup is None:
+        _, why = session.cgroup_root()
+        pytest.skip(f"no cgroup leaf for the task: {why}")
+    return dict(task.cgroup)
+
+
+def _trial(task: Task, name: str) -> dict:
+    trial = task.get(name)
+    assert isinstance(trial, dict), f"the task made no {name.replace('_', ' ')}"
+    assert "error" not in trial, f"the {name.replace('_', ' ')} could not be made: {trial['error']}"
+    return trial
+
+
+def _seen_by_host(task: Task, leaf: dict, pid: int) -> dict | None:
+    """The host's view (harness.host_view) of the task's process `pid` (as the task numbers it), among
+    the processes the leaf's cgroup.procs listed while the task ran."""
+    pidns = (task.get("namespaces") or {}).get("pid")
+    for v in (leaf.get("kill") or {}).get("before", []):
+        if v["pidns"] == pidns and v["nspid"] and v["nspid"][-1] == pid:
+            return v
+    return None
+
+
+@witness("cgroup")
+@cgroup
+def test_the_task_runs_in_its_own_cgroup_leaf(sbxc_task: Task, sbxc_session: WitnessSession) -> None:
+    leaf = _leaf(sbxc_task, sbxc_session)
+    kill = leaf.get("kill") or {}
+    assert kill.get("before"), f"the host never saw the task's leaf populated: {kill.get('why')}"
+    me = _seen_by_host(sbxc_task, leaf, sbxc_task.get("pid"))
+    assert me is not None, (
+        f"the task's process was not in its leaf {leaf['cgroup_path']} while it ran "
+        f"(cgroup.procs held {[v['pid'] for v in kill['before']]})"
+    )
+    assert me["cgroup"] == [f"0::{leaf['cgroup_path']}"], (
+        f"the host sees the task in {me['cgroup']}, not in its leaf {leaf['cgroup_path']}"
+    )
+    inside = sbxc_task.get("cgroup_self")
+    assert isinstance(inside, str), f"the task could not read /proc/self/cgroup: {inside}"
+    v2 = [line[3:] for line in inside.splitlines() if line.startswith("0::")]
+    assert v2, f"no cgroup v2 line in the task's /proc/self/cgroup: {inside!r}"
+    if v2[0] == "/":
+        # A cgroup namespace (bwrap --unshare-cgroup-try) made while already in the leaf is rooted at
+        # the leaf, so the leaf reads "/" (cgroup_namespaces(7)); in the host's namespace "/" would be
+        # the root cgroup itself.
+        assert sbxc_task.get("namespaces")["cgroup"] != sbxc_task.host.namespaces.get("cgroup"), (
+            "the task reads 0::/ in the host's cgroup namespace: it is in the root cgroup"
+        )
+    else:
+        assert v2[0] == leaf["cgroup_path"], f"the task reads 0::{v2[0]}, not its leaf {leaf['cgroup_path']}"
+
+
+@witness("memory_max")
+@cgroup
+def test_an_allocation_past_memory_max_is_oom_killed(
+    sbxc_task: Task, sbxc_session: WitnessSession, sbxc_settings: Settings
+) -> None:
+    leaf = _leaf(sbxc_task, sbxc_session)
+    trial = _trial(sbxc_task, "memory_trial")
+    limit = sbxc_settings.profile.limits.memory_max
+    assert trial["signal"] == 9, (
+        f"a child allocating {trial['size'] >> 20} MiB under memory.max {limit} ended with "
+        + (f"signal {trial['signal']}" if trial["signal"] is not None else f"exit {trial['exit']}")
+        + ", not SIGKILL by the OOM killer"
+    )
+    assert leaf["oom_kill"] >= 1, f"the leaf's memory.events shows no oom_kill: {leaf['memory_events']}"
+
+
+@witness("pids_max")
+@cgroup
+def test_forking_past_pids_max_fails_with_eagain(
+    sbxc_task: Task, sbxc_session: WitnessSession, sbxc_settings: Settings
+) -> None:
+    leaf = _leaf(sbxc_task, sbxc_session)
+    limit = sbxc_settings.profile.limits.pids_max
+    if (sbxc_task.plan.cgroup or {}).get("pids_forks") is None:
+        pytest.skip(f"pids_max {limit} is too large to exhaust from inside a witness")
+    trial = _trial(sbxc_task, "pids_trial")
+    assert trial["refused"] == "EAGAIN", (
+        f"{trial['forked']} of {trial['tries']} forks succeeded under pids.max {limit}"
+        + (f", then fork failed with {trial['refused']}" if trial["refused"] else "")
+    )
+    assert limit is not None and trial["forked"] < limit, f"{trial['forked']} forks under pids.max {limit}"
+    assert leaf["pids_events"].get("max", 0) >= 1, f"the leaf's pids.events: {leaf['pids_events']}"
+
+
+@witness("cgroup")
+@cgroup
+def test_a_task_tree_is_reaped_whole_by_cgroup_kill(sbxc_task: Task, sbxc_session: WitnessSession) -> None:
+    leaf = _leaf(sbxc_task, sbxc_session)
+    kill = leaf.get("kill") or {}
+    assert kill.get("killed"), f"the harness did not kill the task's leaf: {kill.get('why')}"
+    tree = sbxc_task.get("tree")
+    assert isinstance(tree, list) and len(tree) == 3, f"the task could not spawn its tree: {tree}"
+    seen = {t["role"]: _seen_by_host(sbxc_task, leaf, t["pid"]) for t in tree}
+    missing = [role for role, v in seen.items() if v is None]
+    assert not missing, f"the host did not see the task's {', '.join(missing)} in its leaf"
+    me = _seen_by_host(sbxc_task, leaf, sbxc_task.get("pid"))
+    escaped = seen["setsid grandchild"]
+    # Not vacuous: the grandchild really left the task's session, so a session or process-group kill
+    # would have missed it.
+    assert me is None or escaped["sid"] != me["sid"], "the setsid grandchild stayed in the task's session"
+    assert kill["after"] == [], f"the leaf still lists {kill['after']} after cgroup.kill"
+    assert kill["alive_after"] == [], (
+        f"host pids {kill['alive_after']} of the task's leaf survived {kill['method']}"
+    )
+
+
+@witness("cgroup")
+@cgroup
+def test_a_neighbour_tasks_leaf_is_not_writable_from_inside(
+    sbxc_task: Task, sbxc_session: WitnessSession
+) -> None:
+    leaf = _leaf(sbxc_task, sbxc_session)
+    writes = sbxc_task.get("neighbour_writes")
+    assert writes, "the task made no write to the neighbour's leaf"
+    broken = [w["path"] for w in writes if "error" in w["result"]]
+    assert not broken, f"the writes to {broken} could not be tried"
+    through = [f"{w['data']!r} > {w['path']}" for w in writes if w["result"].get("ok")]
+    assert not through, f"the task wrote to a neighbour task's leaf: {', '.join(through)}"
+    nb = leaf["neighbour"]
+    assert nb["memory_max_after"] == nb["memory_max_before"], (
+        f"the neighbour's memory.max changed: {nb['memory_max_before']} -> {nb['memory_max_after']}"
+    )
+    assert nb["procs_after"] == [], f"processes entered the neighbour's leaf: {nb['procs_after']}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pwd
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -23,6 +25,18 @@ class Refusal(Exception):
         super().__init__(reason)
         self.reason = reason
         self.ways_on = tuple(ways_on)
+
+
+def check_as_user(name: str | None, *, how: str = "tasks are launched through setpriv") -> None:
+    """`--as-user NAME` is root only (switching user needs CAP_SETUID) and names a real user."""
+    if not name:
+        return
+    if os.geteuid() != 0:
+        raise UsageError(f"--as-user needs root ({how})")
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        raise UsageError(f"--as-user: no such user {name!r}") from None
 
 
 def die(message: str, *, hint: str | None = None) -> NoReturn:

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from probes.finding import Finding
 from probes.run import Completed, Runner, run
 from runners.mr_config import Tier, TierKind
 
@@ -29,11 +30,11 @@ WAY_ON = "way on:"
 VERDICT_PREFIX = f"{PROG}: "
 TAIL_LINES = 20
 
-# pytest selection of the cgroup witnesses inside the witness suite. None while this version of the
-# suite ships no cgroup witnesses (they come with the cgroup-limits issue): a `cgroup` tier then
-# refuses with that reason instead of running a suite that would not test what the tier promises,
-# because mr-check never reports green for a tier that did not run.
-CGROUP_SELECTION: tuple[str, ...] | None = None
+# pytest selection of the cgroup witnesses inside the witness suite (each is marked `cgroup`,
+# conformance/test_witnesses.py). None would mean a suite without cgroup witnesses: a `cgroup` tier
+# then refuses instead of running a suite that would not test what the tier promises, because
+# mr-check never reports green for a tier that did not run.
+CGROUP_SELECTION: tuple[str, ...] | None = ("-m", "cgroup")
 
 
 class Outcome(enum.StrEnum):
@@ -73,7 +74,9 @@ def runner_args(tier: Tier, mode: str | None) -> list[str]:
         args += ["--as-user", tier.as_user]
     if tier.expected_skips:
         args += ["--expected-skips", tier.expected_skips]
-    if tier.require:
+    # A cgroup tier that only skipped would be green having tested nothing: always under --require,
+    # so a mode whose set-up step proved no cgroup root is red, never a pass.
+    if tier.require or tier.kind is TierKind.cgroup:
         args.append("--require")
     selection = (CGROUP_SELECTION or ()) if tier.kind is TierKind.cgroup else ()
     pytest_args = [*selection, *tier.pytest_args]
@@ -163,13 +166,46 @@ def classify_runner(done: Completed) -> TierResult:
                               output_tail=_tail(done), **common)
 
 
-def run_runner_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = run) -> TierResult:
+CgroupProbe = Callable[[], Finding]
+
+
+def cgroup_delegation() -> Finding:
+    """This host's cgroup.delegation finding: the probe the harness itself asks (conformance/harness.py)."""
+    from probes.collect import collect
+    from probes.host import Host
+
+    [finding] = collect(Host(), only=["cgroup.delegation"])
+    return finding
+
+
+def cgroup_refusal(mode: str | None, finding: Finding) -> TierResult | None:
+    """PURE: a cgroup tier is handed over where its witnesses could only skip. Natively (auto, native)
+    the tasks' leaves come from this host's delegated root, so without one nothing would be tested.
+    A container run proves its own root in its set-up step; there --require makes a skip red."""
+    if mode == "container" or (finding.ok and finding.facts.get("root")):
+        return None
+    return TierResult(
+        Outcome.refused,
+        f"no usable cgroup root on this host, so the cgroup witnesses would only skip: "
+        f"cgroup.delegation: {finding.verdict}: {finding.reason}",
+        (f"{PROG} run --mode vm --require -- {' '.join(CGROUP_SELECTION or ())}  "
+         "# a kernel under qemu with a pure cgroup v2 hierarchy",
+         "set SANDBOX_CONFORMANCE_CGROUP_ROOT to a cgroup v2 subtree delegated to you (memory and pids "
+         "enabled in its cgroup.subtree_control)"))
+
+
+def run_runner_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = run,
+                    cgroup_probe: CgroupProbe = cgroup_delegation) -> TierResult:
     if tier.kind is TierKind.cgroup and CGROUP_SELECTION is None:
         return TierResult(Outcome.refused,
                           "this version of sandbox-conformance ships no cgroup witnesses yet, so the cgroup "
                           "tier cannot run anywhere with it",
                           ("upgrade sandbox-conformance to a version with the cgroup witnesses",
                            "or declare the tier as kind = \"witness\" or \"command\" until then"))
+    if tier.kind is TierKind.cgroup:
+        refused = cgroup_refusal(mode, cgroup_probe())
+        if refused is not None:
+            return refused
     done = runner(runner_argv(tier, mode), timeout=tier.timeout, env=runner_env(), cwd=str(root))
     return classify_runner(done)
 

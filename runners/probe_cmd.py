@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import pwd
 import sys
 from typing import Any
 
 from probes.collect import PROBE_IDS, collect
 from probes.finding import Finding, Verdict
 from probes.host import Host
-from runners.errors import EXIT_FAIL, EXIT_OK, UsageError
+from runners.errors import EXIT_FAIL, EXIT_OK, UsageError, check_as_user
 
 SCHEMA = 1
 
@@ -67,13 +65,7 @@ def main(args: argparse.Namespace) -> int:
     only = _ids(args.only, "--only") or None
     if only is not None:
         only = sorted(set(only) | set(required))
-    if args.as_user:
-        if os.geteuid() != 0:
-            raise UsageError("--as-user needs root (it switches user with setpriv)")
-        try:
-            pwd.getpwnam(args.as_user)
-        except KeyError:
-            raise UsageError(f"--as-user: no such user {args.as_user!r}") from None
+    check_as_user(args.as_user, how="it switches user with setpriv")
     findings = collect(Host(), only)
     if args.as_user:
         ladder = ("userns", "userns.map", "netns", "pidns.proc", "disable_userns")

@@ -35,6 +35,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -51,6 +52,7 @@ CONTROL = ".sbxc-vm"  # the exchange directory inside workdir
 STAGE2 = Path(__file__).with_name("vm_stage2.py")
 # qemu start + kernel + initramfs + switch_root: ~4 s under TCG here; the margin covers a loaded host.
 BOOT_BUDGET = 60.0
+BOOT_ATTEMPTS = 2  # a guest that hangs before stage2 gets one more boot
 KVM_TRIAL_TIMEOUT = 10.0  # a working KVM boots in about a second; a broken one hangs in qemu
 # python + pytest + bwrap need ~1 GB; the reference profile promises memory.max=512M, and an OOM
 # witness allocating past that must meet the leaf's limit, not the VM's. Guest RAM is only backed on
@@ -105,7 +107,7 @@ def check_workdir(workdir: Path) -> Path:
     return workdir
 
 
-def kernel_cmdline(workdir: Path, *, quiet: bool = True) -> str:
+def kernel_cmdline(workdir: Path, *, quiet: bool = False) -> str:
     parts = ["console=ttyS0",
              # PID 1 exiting or a panic must end qemu (-no-reboot), never leave it spinning.
              "panic=-1", "oops=panic",
@@ -188,10 +190,25 @@ def run_in_vm(argv: Sequence[str], *, workdir: Path, timeout: float, env: Mappin
         console = control / "console.log"
         started = time.monotonic()
         follower = _Follow(control, live) if live else None
+        hung: list[float] = []
         try:
-            done = runner(qemu_argv(image, workdir, accel, memory_mb=memory_mb, cpus=cpus, console=console,
-                                    as_root=os.geteuid() == 0),
-                          timeout=timeout + BOOT_BUDGET, env=minimal_env())
+            for attempt in range(BOOT_ATTEMPTS):
+                # A guest that never reaches stage2 is killed after BOOT_BUDGET and booted once more,
+                # instead of spinning until the whole timeout: seen once under TCG on a loaded host,
+                # qemu at 2 cores' worth of CPU with nothing on the console for 11 minutes.
+                watchdog = _BootWatchdog(control, workdir)
+                try:
+                    done = runner(qemu_argv(image, workdir, accel, memory_mb=memory_mb, cpus=cpus,
+                                            console=console, as_root=os.geteuid() == 0),
+                                  timeout=timeout + BOOT_BUDGET, env=minimal_env())
+                finally:
+                    watchdog.stop()
+                if not watchdog.fired:
+                    break
+                hung.append(BOOT_BUDGET)
+                if attempt + 1 < BOOT_ATTEMPTS:
+                    (control / f"console.hung-{attempt}.log").write_bytes(
+                        console.read_bytes() if console.exists() else b"")
         finally:
             if follower:
                 follower.stop()
@@ -203,7 +220,11 @@ def run_in_vm(argv: Sequence[str], *, workdir: Path, timeout: float, env: Mappin
         error = None
         if exit_code is None:
             stage2 = _read(control / "stage2.log") or ""
-            if done.timed_out:
+            if hung and len(hung) == BOOT_ATTEMPTS:
+                last = _tail(console_text) or "nothing on the console"
+                error = (f"the guest did not start the command within {BOOT_BUDGET:.0f} s of boot, "
+                         f"{BOOT_ATTEMPTS} times ({accel}): {last}")
+            elif done.timed_out:
                 error = f"qemu killed after {timeout + BOOT_BUDGET:.0f} s ({accel}): no exit code"
             elif done.not_found:
                 error = done.stderr.strip()
@@ -224,6 +245,52 @@ def run_in_vm(argv: Sequence[str], *, workdir: Path, timeout: float, env: Mappin
         )
     finally:
         shutil.rmtree(control, ignore_errors=True)
+
+
+class _BootWatchdog:
+    """Kills our qemu when the guest has not written boot_seconds (stage2's first act) within
+    BOOT_BUDGET. The runner owns the qemu process, so ours is found by the workdir on its command
+    line (`sbxc_work=` in -append, unique per run) and its whole process group is killed."""
+
+    def __init__(self, control: Path, workdir: Path, budget: float | None = None) -> None:
+        self.fired = False
+        self._control, self._marker = control, f"sbxc_work={workdir}"
+        self._budget = BOOT_BUDGET if budget is None else budget
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="vm-boot-watchdog", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + self._budget
+        while not self._stopped.wait(0.5):
+            if (self._control / "boot_seconds").exists():
+                return
+            if time.monotonic() >= deadline:
+                for pid in _qemu_pids(self._marker):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(os.getpgid(pid), signal.SIGKILL)
+                        self.fired = True
+                return
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+
+def _qemu_pids(marker: str) -> list[int]:
+    """qemu processes (by comm, which the kernel truncates to 15 bytes) whose command line has marker."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if comm.startswith("qemu-system") and any(marker.encode() in arg for arg in cmdline):
+            out.append(int(entry.name))
+    return out
 
 
 class _Follow:

@@ -17,7 +17,7 @@ import pwd
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from probes.run import minimal_env
@@ -85,15 +85,23 @@ def inside_options(options: WitnessOptions, workdir: Path) -> tuple[WitnessOptio
 
 
 def guest_argv(opts: WitnessOptions, *, leg_specs: list[str], summary: Path, timeout: float,
-               python: str = sys.executable) -> list[str]:
+               python: str = sys.executable, controls: Sequence[str] = (),
+               controls_json: Path | None = None) -> list[str]:
     argv = [python, "-m", "runners.vm_suite", "--summary", str(summary), "--timeout", str(timeout)]
     for leg in leg_specs:
         argv += ["--leg", leg]
+    if controls:
+        argv += ["--controls", ",".join(controls)]
+        if controls_json is not None:
+            argv += ["--controls-json", str(controls_json)]
     return [*argv, "--", *opts.argv()]
 
 
 def run_vm(options: WitnessOptions, *, timeout: float, say: Callable[[str], None],
-           environ: Mapping[str, str] | None = None) -> int:
+           environ: Mapping[str, str] | None = None, controls: Sequence[str] = (),
+           controls_json: str | None = None) -> int:
+    """`controls`: negative controls run in the same boot after the suite (runners/vm_suite.py), their
+    JSON copied to `controls_json`; a misbehaving control makes the exit code red."""
     environ = os.environ if environ is None else environ
     try:
         image = vm_image.ensure_image()
@@ -106,12 +114,15 @@ def run_vm(options: WitnessOptions, *, timeout: float, say: Callable[[str], None
         workdir = Path(tmp)
         opts, reports = inside_options(options, workdir)
         summary = workdir / "summary.json"
-        argv = guest_argv(opts, leg_specs=leg_specs, summary=summary, timeout=timeout)
+        guest_controls = workdir / "out-controls.json"
+        argv = guest_argv(opts, leg_specs=leg_specs, summary=summary, timeout=timeout, controls=controls,
+                          controls_json=guest_controls)
         try:
             accel = vm.select_accel(image)
             labels = ", ".join(s.split(":")[0] for s in leg_specs)
             say(f"vm: booting {image.kernel_version} under {accel}, legs: {labels}")
-            result = vm.run_in_vm(argv, workdir=workdir, timeout=timeout * len(leg_specs), cwd=str(REPO),
+            runs = len(leg_specs) + (1 if controls else 0)
+            result = vm.run_in_vm(argv, workdir=workdir, timeout=timeout * runs, cwd=str(REPO),
                                   env=guest_env(environ), image=image, accel=accel,
                                   live=(sys.stdout, sys.stderr))
         except vm.VmError as e:
@@ -123,6 +134,8 @@ def run_vm(options: WitnessOptions, *, timeout: float, say: Callable[[str], None
                 produced = Path(inside.replace("{label}", label))
                 if produced.exists():
                     shutil.copyfile(produced, host.replace("{label}", label))
+        if controls_json and guest_controls.exists():
+            shutil.copyfile(guest_controls, controls_json)
         boot = f"{result.boot_seconds:.1f}s" if result.boot_seconds is not None else "n/a"
         say(f"vm: {result.accel}, boot {boot}, wall {result.wall_seconds:.1f}s")
         if result.exit_code is None:
@@ -130,8 +143,12 @@ def run_vm(options: WitnessOptions, *, timeout: float, say: Callable[[str], None
             # The command never started: nothing was tested. It started and then hung: red.
             return EXIT_DID_NOT_RUN if result.boot_seconds is None else EXIT_FAIL
         try:
-            for leg in json.loads(summary.read_text()).get("legs", []):
+            doc = json.loads(summary.read_text())
+            for leg in doc.get("legs", []):
                 say(f"vm: as {leg['label']}: exit {leg['returncode']} ({leg['seconds']}s)")
+            if doc.get("controls"):
+                c = doc["controls"]
+                say(f"vm: controls {c['names']}: exit {c['returncode']} ({c['seconds']}s)")
         except (FileNotFoundError, json.JSONDecodeError):
             pass
         return result.exit_code

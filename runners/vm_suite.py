@@ -9,6 +9,11 @@ the VM's counterpart of container mode's second leg. Legs run one after another 
 under TCG a boot is cheap, the suite is not, and both must see the same kernel.
 
 `{label}` in any witness argument is replaced by the leg's label (report file names).
+
+`--controls NAME,...` then runs `sandbox-conformance controls --only NAME,... --json` in the same boot
+(as root, with the proven cgroup root promised): negative controls that need what only this kernel
+offers (limits_dropped needs a delegated cgroup root) are judged here, without a second boot. Its
+JSON goes to `--controls-json`; a control that misbehaves makes the combined exit code red.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--leg", action="append", required=True, type=parse_leg)
     parser.add_argument("--summary", required=True, help="JSON file for the per-leg results")
     parser.add_argument("--timeout", type=float, default=3600.0, help="per leg")
+    parser.add_argument("--controls", metavar="NAME,...", help="negative controls to run after the legs")
+    parser.add_argument("--controls-json", metavar="FILE", help="where the controls' JSON goes")
     parser.add_argument("witness", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     witness = [a for a in args.witness]
@@ -80,9 +87,32 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "seconds": round(time.monotonic() - started, 1)})
         print(f"sandbox-conformance vm: as {label}: " + ("timed out" if rc is None else f"exit {rc}"),
               file=sys.stderr, flush=True)
+    if args.controls:
+        codes.append(run_controls(args.controls, args.controls_json, env=env, timeout=args.timeout,
+                                  summary=summary))
     with open(args.summary, "w") as f:
         json.dump(summary, f)
     return combine(codes)
+
+
+def run_controls(names: str, out: str | None, *, env: dict[str, str], timeout: float,
+                 summary: dict[str, object]) -> int | None:
+    argv = [sys.executable, "-m", "runners.cli", "controls", "--only", names, "--json"]
+    print(f"sandbox-conformance vm: controls {names}", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    try:
+        done = subprocess.run(argv, env=env, timeout=timeout, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, text=True)
+        rc: int | None = done.returncode
+        if out:
+            with open(out, "w") as f:
+                f.write(done.stdout)
+    except subprocess.TimeoutExpired:
+        rc = None
+    summary["controls"] = {"names": names, "returncode": rc, "seconds": round(time.monotonic() - started, 1)}
+    print(f"sandbox-conformance vm: controls {names}: " + ("timed out" if rc is None else f"exit {rc}"),
+          file=sys.stderr, flush=True)
+    return rc
 
 
 if __name__ == "__main__":

@@ -42,6 +42,9 @@ def test_the_reference_profile_loads_and_makes_every_promise_family() -> None:
         "capabilities",
         "no_new_privs",
         "environment",
+        "cgroup",
+        "memory_max",
+        "pids_max",
     }
     assert prof.limits.memory_max == 512 * 1024**2 and prof.limits.pids_max == 256
 
@@ -100,6 +103,8 @@ def test_a_missing_profile_file_is_a_profile_error(tmp_path: Path) -> None:
 def test_limits_parse_sizes_and_max(tmp_path: Path) -> None:
     prof = P.load(_write(tmp_path, MINIMAL + '[limits]\nmemory_max = "2G"\npids_max = "max"\n'))
     assert prof.limits.memory_max == 2 * 1024**3 and prof.limits.pids_max is None
+    # pids_max = "max" promises no pids limit: its witness is not generated, the leaf's are.
+    assert {"cgroup", "memory_max"} <= set(prof.promises()) and "pids_max" not in prof.promises()
 
 
 def test_a_promise_not_made_is_not_in_the_profiles_promises(tmp_path: Path) -> None:

@@ -312,6 +312,61 @@ def test_a_full_run_fails_when_a_witness_is_neither_controlled_nor_justified() -
     assert _execute(fake, [good], unsandboxed=True, partial=True).exit_code == EXIT_OK
 
 
+def test_the_limits_control_needs_a_cgroup_root_and_names_exactly_the_limit_witnesses() -> None:
+    dropped = controls.by_name()["limits_dropped"]
+    assert dropped.needs is Needs.cgroup_root and dropped.perturb == "limits_dropped"
+    assert {controls.key(t) for t in dropped.reddens} == {
+        "test_an_allocation_past_memory_max_is_oom_killed",
+        "test_forking_past_pids_max_fails_with_eagain",
+    }
+    assert controls.not_applicable(
+        dropped, disable_userns=True, disable_userns_reason="", cgroup_root=True, cgroup_root_reason=""
+    ) is None
+    why = controls.not_applicable(
+        dropped, disable_userns=True, disable_userns_reason="", cgroup_root_reason="hybrid layout"
+    )
+    assert why is not None and "hybrid layout" in why
+    # Where there is no root the control is not run: nothing to drop, the witnesses only skip.
+    fake = FakeWitness({(): junit(case(A))})
+    report = controls_cmd.execute(
+        fake, [dropped], with_unsandboxed=False, disable_userns=(True, ""), jobs=1, partial=True,
+        cgroup_root=(False, "cgroup.delegation: unsupported: hybrid layout"),
+    )
+    assert fake.calls == [()]
+    assert report.verdicts[0].status is Status.not_applicable and "hybrid layout" in report.verdicts[0].reason
+    fake = FakeWitness({(): junit(case(A)), ("--perturb", "limits_dropped"): junit(case(A))})
+    controls_cmd.execute(
+        fake, [dropped], with_unsandboxed=False, disable_userns=(True, ""), jobs=1, partial=True,
+        cgroup_root=(True, "delegated root /sys/fs/cgroup/tasks"),
+    )
+    assert ("--perturb", "limits_dropped") in fake.calls
+
+
+def test_the_leaf_not_entered_control_reddens_every_cgroup_witness_but_the_neighbours() -> None:
+    c = controls.by_name()["leaf_not_entered"]
+    assert c.needs is Needs.cgroup_root and c.perturb in bwrap_argv.PERTURBATIONS
+    assert {controls.key(t) for t in c.reddens} == controls.HARNESS_ENFORCED - {
+        "test_a_neighbour_tasks_leaf_is_not_writable_from_inside"
+    }
+
+
+def test_the_cgroup_tree_control_needs_a_root_and_root_tasks() -> None:
+    c = controls.by_name()["cgroup_tree_bound"]
+    assert [controls.key(t) for t in c.reddens] == ["test_a_neighbour_tasks_leaf_is_not_writable_from_inside"]
+    kw = {"disable_userns": True, "disable_userns_reason": "", "cgroup_root_reason": "hybrid"}
+    assert "hybrid" in (controls.not_applicable(c, cgroup_root=False, **kw) or "")
+    assert "unprivileged" in (controls.not_applicable(c, cgroup_root=True, as_root=False, **kw) or "")
+    assert controls.not_applicable(c, cgroup_root=True, as_root=True, **kw) is None
+
+
+def test_the_unsandboxed_baseline_does_not_require_the_harness_enforced_cgroup_witnesses_red() -> None:
+    leaf = "test_the_task_runs_in_its_own_cgroup_leaf"
+    assert leaf in controls.HARNESS_ENFORCED
+    c = controls.unsandboxed([f"test_witnesses.py::{leaf}", f"test_witnesses.py::{A}"], {})
+    assert [controls.key(t) for t in c.reddens] == [A]
+    assert [controls.key(x.test) for x in c.collateral] == [leaf]
+
+
 def test_a_not_applicable_control_is_not_run() -> None:
     nested = controls.by_name()["nested_userns_enabled"]
     fake = FakeWitness({(): junit(case(A))})

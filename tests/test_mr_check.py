@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from probes.finding import Finding, Verdict
 from probes.run import Completed, minimal_env, run
 from runners import mr_tiers
 from runners.mr_config import ConfigError, MissingConfig, Tier, TierKind, load, parse
@@ -469,10 +470,27 @@ def _witness_suite_or_skip() -> None:
         pytest.skip(f"the witness suite is not in this checkout: {e}")
 
 
+def _cgroup_skips_tier(tiers: str) -> tuple[str, str | None]:
+    """Where this host has no delegated cgroup root, the reference profile's cgroup witnesses can only
+    skip (CI sets the require switch): the tier lists exactly them, with the probe's reason, as a user
+    on such a host would. Returns (tiers, the expected-skips file's text or None)."""
+    from conformance.controls import HARNESS_ENFORCED
+
+    f = mr_tiers.cgroup_delegation()
+    if f.ok and f.facts.get("root"):
+        return tiers, None
+    text = "".join(f"{n} | no cgroup leaf: {f.verdict}: {f.reason}\n" for n in sorted(HARNESS_ENFORCED))
+    listed = '{ kind = "witness", expected_skips = "cgroup-skips.txt" }'
+    return tiers.replace('{ kind = "witness" }', listed), text
+
+
 def test_a_touched_change_runs_the_witness_tier_through_the_runner(tmp_path: Path) -> None:
     _witness_suite_or_skip()
     _gate_or_skip()
-    repo = make_repo(tmp_path / "r", WITNESS_TIER)
+    tiers, skips = _cgroup_skips_tier(WITNESS_TIER)
+    repo = make_repo(tmp_path / "r", tiers)
+    if skips is not None:
+        write(repo / "cgroup-skips.txt", skips)
     write(repo / "src/sandbox/launch.py", "changed\n")
     done = mr_check(repo)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -576,9 +594,36 @@ def test_nested_in_a_sandbox_every_tier_is_handed_over(tmp_path: Path, mark: Pat
     assert hand.count("running inside a sandbox") == 2, hand
 
 
-def test_a_cgroup_tier_without_cgroup_witnesses_is_handed_over_not_green(tmp_path: Path) -> None:
-    if mr_tiers.CGROUP_SELECTION is not None:
-        pytest.skip("this version ships cgroup witnesses: the tier runs (covered by the runner's tests)")
+def _delegation(ok: bool) -> Finding:
+    if ok:
+        return Finding("cgroup.delegation", Verdict.supported, "delegated root /sys/fs/cgroup/t: proved",
+                       facts={"root": "/sys/fs/cgroup/t", "promised": False})
+    return Finding("cgroup.delegation", Verdict.unsupported, "no usable delegated root (hybrid layout)",
+                   facts={"root": None, "promised": False})
+
+
+@pytest.mark.parametrize(("mode", "root", "refused"), [
+    (None, False, True), ("auto", False, True), ("native", False, True),
+    (None, True, False), ("native", True, False),
+    ("container", False, False),  # the container's set-up proves its own root; --require guards it
+])
+def test_a_cgroup_tier_is_refused_where_its_witnesses_could_only_skip(mode, root, refused) -> None:
+    r = mr_tiers.cgroup_refusal(mode, _delegation(root))
+    assert (r is not None) is refused
+    if r is not None:
+        assert r.outcome is Outcome.refused and "hybrid layout" in r.reason
+        assert any("--mode vm" in w for w in r.ways_on), r.ways_on
+
+
+def test_a_cgroup_tier_runs_only_the_cgroup_witnesses_under_the_require_switch() -> None:
+    tier = Tier(name="cg", globs=("a/**",), kind=TierKind.cgroup)
+    args = mr_tiers.runner_args(tier, "container")
+    assert "--require" in args
+    assert args[args.index("--") + 1:] == list(mr_tiers.CGROUP_SELECTION or ())
+
+
+def test_a_cgroup_tier_on_this_host_follows_the_cgroup_probe_never_green_untested(tmp_path: Path) -> None:
+    finding = mr_tiers.cgroup_delegation()
     repo = make_repo(tmp_path / "r", """\
         [[tool.sandbox-conformance.tiers]]
         name = "cgroup-limits"
@@ -587,7 +632,13 @@ def test_a_cgroup_tier_without_cgroup_witnesses_is_handed_over_not_green(tmp_pat
         """)
     git(repo, "rm", "-q", "deploy/bwrap/args.py")
     done = mr_check(repo)
-    assert done.returncode == 75, done.stdout + done.stderr
     assert "deploy/bwrap/args.py (deleted, uncommitted)" in done.stdout
-    assert "no cgroup witnesses" in done.stdout
+    if finding.ok and finding.facts.get("root"):
+        assert "no usable cgroup root" not in done.stdout, done.stdout
+    else:
+        # This host (hybrid: memory on v1) has no delegated root: handed over with the probe's reason.
+        assert done.returncode == 75, done.stdout + done.stderr
+        assert "REFUSED  cgroup-limits" in done.stdout, done.stdout
+        assert "no usable cgroup root" in done.stdout and finding.reason in done.stdout, done.stdout
+        assert "--mode vm" in done.stdout, done.stdout
 

@@ -13,6 +13,7 @@ import shutil
 import stat
 import struct
 import subprocess
+import time
 from pathlib import Path
 
 import psutil
@@ -434,6 +435,13 @@ def test_inputs_are_copied_into_the_share_and_reports_come_back_per_leg(tmp_path
     assert argv[:3] == ["/venv/bin/python", "-m", "runners.vm_suite"]
     assert argv[argv.index("--") + 1:] == opts.argv()
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--leg"] == ["root", "u:u"]
+    assert "--controls" not in argv
+    argv = vm_mode.guest_argv(opts, leg_specs=["root"], summary=work / "s.json", timeout=60,
+                              controls=("limits_dropped", "ipc_shared"), controls_json=work / "c.json")
+    head = argv[:argv.index("--")]
+    assert head[head.index("--controls") + 1] == "limits_dropped,ipc_shared"
+    assert head[head.index("--controls-json") + 1] == str(work / "c.json")
+    assert argv[argv.index("--") + 1:] == opts.argv()
 
 
 @pytest.mark.parametrize(("codes", "want"), [([0, 0], 0), ([0, 1], 1), ([75, 0], 75), ([2, 75], 2),
@@ -444,19 +452,119 @@ def test_the_legs_combine_into_one_exit_code_as_container_mode_does(codes, want)
     assert vm_suite.parse_leg("sbxc:sbxc-test") == ("sbxc", "sbxc-test")
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(1200)
-def test_run_mode_vm_brings_back_the_suites_verdict_and_each_legs_report(tmp_path, test_user, capsys):
+CGROUP_WITNESSES = (
+    "test_the_task_runs_in_its_own_cgroup_leaf",
+    "test_an_allocation_past_memory_max_is_oom_killed",
+    "test_forking_past_pids_max_fails_with_eagain",
+    "test_a_task_tree_is_reaped_whole_by_cgroup_kill",
+    "test_a_neighbour_tasks_leaf_is_not_writable_from_inside",
+)
+
+
+def _junit_outcomes(path: Path) -> dict[str, str]:
+    import xml.etree.ElementTree as ET
+
+    out = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        kinds = [c.tag for c in case if c.tag in ("failure", "error", "skipped")]
+        out[case.get("name", "")] = kinds[0] if kinds else "passed"
+    return out
+
+
+@pytest.fixture(scope="session")
+def vm_suite_run(tmp_path_factory, test_user):
+    """ONE boot for `run --mode vm`: the witness suite as root and as the unprivileged user with the
+    require switch, then the cgroup negative controls, in the same guest (runners/vm_suite.py)."""
     _image_or_skip()
+    out = tmp_path_factory.mktemp("vm-suite")
     before = set(Path("/var/tmp").glob("sbxc-vm.*"))
     said: list[str] = []
-    report = tmp_path / "report.json"
-    code = vm_mode.run_vm(WitnessOptions(json=str(report)), timeout=900, say=said.append,
-                          environ={"SANDBOX_CONFORMANCE_REQUIRE": "1"})
-    out = capsys.readouterr()
-    assert code == 0, (said, out.out[-3000:], out.err[-3000:])
-    for label in ("root", test_user):
-        doc = json.loads((tmp_path / f"report-{label}.json").read_text())
-        assert doc["exit"] == 0 and doc["summary"]["kept"] > 0, doc["summary"]
-    assert any(s.startswith("vm: as root: exit 0") for s in said), said
-    assert set(Path("/var/tmp").glob("sbxc-vm.*")) <= before  # the shared workdir is gone
+    started = time.monotonic()
+    code = vm_mode.run_vm(WitnessOptions(json=str(out / "report.json"), junitxml=str(out / "junit.xml")),
+                          timeout=600, say=said.append, environ={"SANDBOX_CONFORMANCE_REQUIRE": "1"},
+                          controls=("limits_dropped", "leaf_not_entered", "cgroup_tree_bound"),
+                          controls_json=str(out / "controls.json"))
+    wall = time.monotonic() - started
+    print(f"\nVM suite + controls: exit {code}, wall {wall:.1f}s: {said}")
+    leftover = set(Path("/var/tmp").glob("sbxc-vm.*")) - before
+    return {"code": code, "said": said, "out": out, "leftover": leftover, "user": test_user}
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1500)
+class TestRunModeVm:
+    def test_the_suite_passes_under_the_require_switch_in_both_legs(self, vm_suite_run):
+        assert vm_suite_run["code"] == 0, vm_suite_run["said"]
+        for label in ("root", vm_suite_run["user"]):
+            doc = json.loads((vm_suite_run["out"] / f"report-{label}.json").read_text())
+            assert doc["exit"] == 0 and doc["summary"]["kept"] > 0, doc["summary"]
+            assert doc["summary"]["not_tested"] == 0, doc["summary"]
+        assert any(s.startswith("vm: as root: exit 0") for s in vm_suite_run["said"]), vm_suite_run["said"]
+
+    def test_the_cgroup_witnesses_ran_and_passed_not_skipped(self, vm_suite_run):
+        for label in ("root", vm_suite_run["user"]):
+            cases = _junit_outcomes(vm_suite_run["out"] / f"junit-{label}.xml")
+            assert {name: cases.get(name) for name in CGROUP_WITNESSES} == dict.fromkeys(
+                CGROUP_WITNESSES, "passed"), (label, cases)
+
+    def test_the_limits_the_host_saw_match_what_the_task_saw(self, vm_suite_run):
+        # An independent look at the same run: the leaf's counters on the guest's host side.
+        doc = json.loads((vm_suite_run["out"] / f"report-{vm_suite_run['user']}.json").read_text())
+        [task] = doc["tasks"]
+        cg, obs = task["cgroup"], task["observations"]
+        assert obs["memory_trial"]["signal"] == 9 and cg["memory_events"]["oom_kill"] >= 1, (obs, cg)
+        assert obs["pids_trial"]["refused"] == "EAGAIN" and cg["pids_events"]["max"] >= 1, (obs, cg)
+        assert cg["kill"]["method"] == "cgroup.kill" and cg["kill"]["alive_after"] == [], cg["kill"]
+        sessions = {v["sid"] for v in cg["kill"]["before"] if v["pidns"] == obs["namespaces"]["pid"]}
+        assert len(sessions) >= 2, cg["kill"]  # the setsid grandchild really left the task's session
+
+    def _control(self, vm_suite_run, name):
+        doc = json.loads((vm_suite_run["out"] / "controls.json").read_text())
+        assert doc["cgroup_root"]["usable"], doc["cgroup_root"]
+        assert doc["baseline"]["problems"] == [], doc["baseline"]["problems"]
+        [control] = [c for c in doc["controls"] if c["name"] == name]
+        assert control["status"] == "ok", control
+        return control
+
+    def test_dropping_the_limits_turns_exactly_the_limit_witnesses_red(self, vm_suite_run):
+        control = self._control(vm_suite_run, "limits_dropped")
+        assert sorted(control["reddened"]) == sorted(control["must_redden"]) == sorted(
+            CGROUP_WITNESSES[1:3]), control
+        assert any(s.startswith("vm: controls limits_dropped,leaf_not_entered,cgroup_tree_bound: exit 0")
+                   for s in vm_suite_run["said"]), vm_suite_run["said"]
+
+    def test_a_leaf_the_task_never_enters_turns_every_cgroup_witness_but_the_neighbours_red(
+            self, vm_suite_run):
+        control = self._control(vm_suite_run, "leaf_not_entered")
+        assert sorted(control["reddened"]) == sorted(control["must_redden"]) == sorted(
+            CGROUP_WITNESSES[:4]), control
+
+    def test_a_task_shown_the_cgroup_tree_writes_to_its_neighbours_leaf_and_goes_red(self, vm_suite_run):
+        control = self._control(vm_suite_run, "cgroup_tree_bound")
+        assert control["reddened"] == control["must_redden"] == [CGROUP_WITNESSES[4]], control
+
+    def test_the_shared_workdir_is_gone(self, vm_suite_run):
+        assert vm_suite_run["leftover"] == set()
+
+
+def test_a_guest_that_hangs_before_stage2_is_killed_and_booted_once_more(tmp_path, fake_image, monkeypatch):
+    """A qemu that never gets the guest to stage2 (no boot_seconds) is killed by the boot watchdog
+    after BOOT_BUDGET, with its process group, and booted again; twice hung is an error saying so."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    starts = tmp_path / "starts"
+    fake_qemu = bin_dir / vm.QEMU
+    # Stays a shell (no exec) so its comm is the script's name, as a real qemu's is; the sleep child
+    # shares its process group and must die with it.
+    fake_qemu.write_text(f"#!/bin/sh\necho started >> {starts}\nsleep 600\necho not-killed >> {starts}\n")
+    fake_qemu.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    monkeypatch.setattr(vm, "BOOT_BUDGET", 1.0)
+    work = tmp_path / "work"
+    work.mkdir()
+    t0 = time.monotonic()
+    r = run_in_vm(["true"], workdir=work, timeout=120, image=fake_image, accel=Accel.tcg)
+    assert time.monotonic() - t0 < 30, "the watchdog did not cut the hung boot short"
+    assert r.exit_code is None and "did not start the command" in r.error and "2 times" in r.error, r.error
+    assert starts.read_text().split() == ["started", "started"]
+    assert not vm._qemu_pids(f"sbxc_work={work}")
