@@ -211,31 +211,20 @@ def inside_options(options: WitnessOptions, *, label: str,
     reports written to the outputs bind as NAME-LABEL.EXT. Returns (options, {inside report: host path})."""
     reports: dict[str, str] = {}
 
-    def infile(path: str | None, key: str) -> str | None:
-        if path is None:
-            return None
+    def infile(path: str, key: str) -> str:
         dest = inputs / f"{key}-{Path(path).name}"
         if not dest.exists():
             shutil.copyfile(path, dest)
         return f"{INPUTS}/{dest.name}"
 
-    def outfile(path: str | None, key: str) -> str | None:
-        if path is None:
-            return None
+    def outfile(path: str, key: str) -> str:
         p = Path(path)
         host = p.with_name(f"{p.stem}-{label}{p.suffix}")
         inside = f"{OUTPUTS}/{key}-{label}{p.suffix}"
         reports[inside] = str(host)
         return inside
 
-    return dataclasses.replace(
-        options,
-        profile=infile(options.profile, "profile"),
-        expected_skips=infile(options.expected_skips, "expected-skips"),
-        junitxml=outfile(options.junitxml, "junit"),
-        json=outfile(options.json, "report"),
-        as_user=None,
-    ), reports
+    return options.relocated(infile, outfile), reports
 
 
 # The two legs, (label, --as-user). Both run the witness command as root: only root can make a task's

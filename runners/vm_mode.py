@@ -10,7 +10,6 @@ was tested; 1 when the suite started but the VM had to be killed (a timeout is r
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pwd
@@ -59,29 +58,18 @@ def inside_options(options: WitnessOptions, workdir: Path) -> tuple[WitnessOptio
     Returns (options for the guest, {guest report pattern: host report pattern})."""
     reports: dict[str, str] = {}
 
-    def infile(path: str | None, key: str) -> str | None:
-        if path is None:
-            return None
+    def infile(path: str, key: str) -> str:
         dest = workdir / f"in-{key}-{Path(path).name}"
         shutil.copyfile(path, dest)
         return str(dest)
 
-    def outfile(path: str | None, key: str) -> str | None:
-        if path is None:
-            return None
+    def outfile(path: str, key: str) -> str:
         p = Path(path)
         inside = str(workdir / f"out-{key}-{{label}}{p.suffix}")
         reports[inside] = str(p.with_name(f"{p.stem}-{{label}}{p.suffix}"))
         return inside
 
-    return dataclasses.replace(
-        options,
-        profile=infile(options.profile, "profile"),
-        expected_skips=infile(options.expected_skips, "expected-skips"),
-        junitxml=outfile(options.junitxml, "junit"),
-        json=outfile(options.json, "report"),
-        as_user=None,
-    ), reports
+    return options.relocated(infile, outfile), reports
 
 
 def guest_argv(opts: WitnessOptions, *, leg_specs: list[str], summary: Path, timeout: float,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Callable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +25,22 @@ class WitnessOptions:
     def from_args(cls, args: argparse.Namespace) -> WitnessOptions:
         return cls(args.profile, args.adapter, args.launcher, args.as_user, args.junitxml, args.json,
                    bool(args.require), args.expected_skips, tuple(args.pytest_args or ()))
+
+    def relocated(self, infile: Callable[[str, str], str],
+                  outfile: Callable[[str, str], str]) -> WitnessOptions:
+        """The same options for a run elsewhere (a container, a VM): each input file given is mapped
+        through infile(path, key), each report through outfile(path, key); tasks' user is set per leg."""
+        def each(f: Callable[[str, str], str], path: str | None, key: str) -> str | None:
+            return None if path is None else f(path, key)
+
+        return dataclasses.replace(
+            self,
+            profile=each(infile, self.profile, "profile"),
+            expected_skips=each(infile, self.expected_skips, "expected-skips"),
+            junitxml=each(outfile, self.junitxml, "junit"),
+            json=each(outfile, self.json, "report"),
+            as_user=None,
+        )
 
     def argv(self) -> list[str]:
         """The witness command's arguments, an option and its value side by side."""
