@@ -228,23 +228,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [i for i in items if i not in drop]
 
 
+def _note(item: pytest.Item, report: pytest.TestReport, name: str, value: str) -> None:
+    """A property on this phase's report (the witness command reads it live) and on the item: pytest's
+    junitxml writes only the teardown report's user_properties, which it copies from the item
+    (_pytest/junitxml.py), so a JUnit reader (the negative controls) sees it too."""
+    report.user_properties.append((name, value))
+    if (name, value) not in item.user_properties:
+        item.user_properties.append((name, value))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()
-    if _family(item) is None:
+    family = _family(item)
+    if family is None:
         return
-    report.user_properties.append(("sbxc_family", _family(item)))
+    _note(item, report, "sbxc_family", family)
     if call.excinfo is not None and call.excinfo.errisinstance(HarnessError):
         # Left as pytest's "error" (a fixture raised): JUnit <error>, never <failure>.
-        report.user_properties.append(("sbxc_harness_error", str(call.excinfo.value)))
+        _note(item, report, "sbxc_harness_error", str(call.excinfo.value))
     elif call.excinfo is not None and call.excinfo.errisinstance(AssertionError):
-        report.user_properties.append(
-            (
-                "sbxc_saw",
-                str(call.excinfo.value).splitlines()[0] if str(call.excinfo.value) else "assertion failed",
-            )
-        )
+        saw = str(call.excinfo.value)
+        _note(item, report, "sbxc_saw", saw.splitlines()[0] if saw else "assertion failed")
     if report.skipped and not hasattr(report, "wasxfail"):
         s = settings(item.config)
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
@@ -257,7 +263,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                 f"witness skipped under --sbxc-require/{REQUIRE_ENV}=1 and not in the "
                 f"expected skips: {reason}"
             )
-            report.user_properties.append(("sbxc_required_skip", reason))
+            _note(item, report, "sbxc_required_skip", reason)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -229,6 +229,12 @@ def test_one_perturbation_of_the_reference_sandbox_turns_exactly_its_witnesses_r
     cases = junit(tmp_path / "j.xml")
     assert {c for c, k in cases.items() if k == "failure"} == red, cases
     assert "error" not in cases.values()
+    # What the task saw travels with each red witness in the JUnit file (negative controls read it).
+    saw = {
+        case.get("name"): {p.get("value") for p in case.iter("property") if p.get("name") == "sbxc_saw"}
+        for case in ET.parse(tmp_path / "j.xml").getroot().iter("testcase")
+    }
+    assert all(saw[name] for name in red), saw
 
 
 # ---- harness errors ------------------------------------------------------------------------------------
