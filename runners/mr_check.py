@@ -23,7 +23,7 @@ from runners.mr_git import GitError, collect, toplevel
 from runners.mr_report import Format, Report, exit_code, plan, render
 from runners.mr_tiers import TierResult, display_command, run_tier
 
-MODES = ("auto", "native", "container")
+MODES = ("auto", "native", "container", "vm")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

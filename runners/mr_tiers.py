@@ -34,7 +34,7 @@ TAIL_LINES = 20
 # conformance/test_witnesses.py). None would mean a suite without cgroup witnesses: a `cgroup` tier
 # then refuses instead of running a suite that would not test what the tier promises, because
 # mr-check never reports green for a tier that did not run.
-CGROUP_SELECTION: tuple[str, ...] | None = ("-m", "cgroup")
+CGROUP_SELECTION: tuple[str, ...] = ("-m", "cgroup")
 
 
 class Outcome(enum.StrEnum):
@@ -78,7 +78,7 @@ def runner_args(tier: Tier, mode: str | None) -> list[str]:
     # so a mode whose set-up step proved no cgroup root is red, never a pass.
     if tier.require or tier.kind is TierKind.cgroup:
         args.append("--require")
-    selection = (CGROUP_SELECTION or ()) if tier.kind is TierKind.cgroup else ()
+    selection = CGROUP_SELECTION if tier.kind is TierKind.cgroup else ()
     pytest_args = [*selection, *tier.pytest_args]
     if pytest_args:
         args += ["--", *pytest_args]
@@ -181,14 +181,14 @@ def cgroup_delegation() -> Finding:
 def cgroup_refusal(mode: str | None, finding: Finding) -> TierResult | None:
     """PURE: a cgroup tier is handed over where its witnesses could only skip. Natively (auto, native)
     the tasks' leaves come from this host's delegated root, so without one nothing would be tested.
-    A container run proves its own root in its set-up step; there --require makes a skip red."""
-    if mode == "container" or (finding.ok and finding.facts.get("root")):
+    A container or VM run proves its own root in its set-up step; there --require makes a skip red."""
+    if mode in ("container", "vm") or (finding.ok and finding.facts.get("root")):
         return None
     return TierResult(
         Outcome.refused,
         f"no usable cgroup root on this host, so the cgroup witnesses would only skip: "
         f"cgroup.delegation: {finding.verdict}: {finding.reason}",
-        (f"{PROG} run --mode vm --require -- {' '.join(CGROUP_SELECTION or ())}  "
+        (f"{PROG} run --mode vm --require -- {' '.join(CGROUP_SELECTION)}  "
          "# a kernel under qemu with a pure cgroup v2 hierarchy",
          "set SANDBOX_CONFORMANCE_CGROUP_ROOT to a cgroup v2 subtree delegated to you (memory and pids "
          "enabled in its cgroup.subtree_control)"))
@@ -196,12 +196,6 @@ def cgroup_refusal(mode: str | None, finding: Finding) -> TierResult | None:
 
 def run_runner_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = run,
                     cgroup_probe: CgroupProbe = cgroup_delegation) -> TierResult:
-    if tier.kind is TierKind.cgroup and CGROUP_SELECTION is None:
-        return TierResult(Outcome.refused,
-                          "this version of sandbox-conformance ships no cgroup witnesses yet, so the cgroup "
-                          "tier cannot run anywhere with it",
-                          ("upgrade sandbox-conformance to a version with the cgroup witnesses",
-                           "or declare the tier as kind = \"witness\" or \"command\" until then"))
     if tier.kind is TierKind.cgroup:
         refused = cgroup_refusal(mode, cgroup_probe())
         if refused is not None:
@@ -238,7 +232,7 @@ def runner_gate(mode: str | None) -> Gate:
     try:
         request_mode = Mode(wanted)
     except ValueError:
-        return Gate(None, (f"unknown mode {wanted!r} (expected auto, native or container)",))
+        return Gate(None, (f"unknown mode {wanted!r} (expected auto, native, container or vm)",))
     decision = decide(Request(mode=request_mode), collect(Host(), list(NEEDED)))
     if decision.refused:
         return Gate(None, decision.reasons, decision.ways_on)
@@ -260,7 +254,7 @@ def run_command_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = 
         # A command of the user's runs their sandbox on this host; a container decision means native
         # is not possible here (or was not asked for), so the command would test nothing we can vouch for.
         return TierResult(Outcome.refused,
-                          f"the runner would only run in a container here ({'; '.join(g.reasons)}), "
+                          f"the runner would only run in a {g.mode} here ({'; '.join(g.reasons)}), "
                           "and a command tier runs on this host",
                           ("run the command on a host where `sandbox-conformance run --print-mode` "
                            "says native",
