@@ -11,12 +11,10 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
-import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from witness_cli import junit, witness
 
 from conformance import adapters
 from conformance.adapters import oci, systemd_run
@@ -25,26 +23,6 @@ REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
 DEFECTIVE = FIXTURES / "defective-launcher.sh"
 pytestmark = pytest.mark.integration
-
-
-def witness(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "runners.cli", "witness", *args],
-        cwd=REPO,
-        text=True,
-        capture_output=True,
-        timeout=timeout,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-    )
-
-
-def junit(path: Path) -> dict[str, str]:
-    """test name -> passed / failure / error / skipped."""
-    out = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        kinds = [c.tag for c in case if c.tag in ("failure", "error", "skipped")]
-        out[case.get("name", "")] = kinds[0] if kinds else "passed"
-    return out
 
 
 def verdicts(report: dict) -> dict[str, str]:

@@ -16,35 +16,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+from witness_cli import junit, witness
 
 from conformance.launch import HarnessError, Launcher, external, launch, parse_document
 from probes.run import Completed
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.integration
-
-
-def witness(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "runners.cli", "witness", *args],
-        cwd=REPO,
-        text=True,
-        capture_output=True,
-        timeout=timeout,
-        env=full,
-    )
-
-
-def junit(path: Path) -> dict[str, str]:
-    """test name -> passed / failure / error / skipped."""
-    out = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        kinds = [c.tag for c in case if c.tag in ("failure", "error", "skipped")]
-        out[case.get("name", "")] = kinds[0] if kinds else "passed"
-    return out
 
 
 @pytest.fixture
