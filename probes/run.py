@@ -67,16 +67,21 @@ def run(
     input: str | None = None,
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
+    capture: bool = True,
 ) -> Completed:
-    """Run argv in a new session; on timeout SIGKILL its whole process group and reap it."""
+    """Run argv in a new session; on timeout SIGKILL its whole process group and reap it.
+
+    capture=False: the child writes to our stdout/stderr as it goes (a long witness run or an image
+    build the user must see live); the result then carries no output."""
     argv = tuple(str(a) for a in argv)
     started = time.monotonic()
+    pipe = subprocess.PIPE if capture else None
     try:
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdout=pipe,
+            stderr=pipe,
             env=dict(env) if env is not None else minimal_env(),
             cwd=cwd,
             text=True,
@@ -93,11 +98,11 @@ def run(
         out, err = proc.communicate(input, timeout=timeout)
         # The leader exited; anything it left in its group (a daemonised grandchild) goes too.
         kill_group(proc.pid)
-        return Completed(argv, proc.returncode, out, err, time.monotonic() - started)
+        return Completed(argv, proc.returncode, out or "", err or "", time.monotonic() - started)
     except subprocess.TimeoutExpired:
         kill_group(proc.pid)
         out, err = proc.communicate()
-        return Completed(argv, None, out, err, time.monotonic() - started, timed_out=True)
+        return Completed(argv, None, out or "", err or "", time.monotonic() - started, timed_out=True)
     except BaseException:
         kill_group(proc.pid)
         proc.wait()

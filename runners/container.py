@@ -22,7 +22,6 @@ from pathlib import Path
 
 from probes.run import Completed, run
 from runners.cgroup_setup import ENV_ROOT
-from runners.stream import stream
 from runners.witness_args import WitnessOptions
 
 REPO = Path(__file__).resolve().parent.parent
@@ -289,9 +288,9 @@ def run_container(engine: Engine, options: WitnessOptions, *, image: str, timeou
                 opts = dataclasses.replace(opts, as_user=as_user)
                 say(f"container: witness suite as {label}"
                     + (f" (harness as root, every task launched as {as_user})" if as_user else ""))
-                rc = stream(exec_argv(engine, name, [f"{IMAGE_VENV}/bin/sandbox-conformance", "witness",
-                                                     *opts.argv()], env={**forward, **setup.env()}),
-                            timeout=timeout, env=engine.env)
+                rc = run(exec_argv(engine, name, [f"{IMAGE_VENV}/bin/sandbox-conformance", "witness",
+                                                  *opts.argv()], env={**forward, **setup.env()}),
+                         timeout=timeout, env=engine.env, capture=False).returncode
                 legs.append(Leg(label, rc))
                 say(f"container: as {label}: " + ("timed out" if rc is None else f"exit {rc}"))
                 for inside, host in reports.items():

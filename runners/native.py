@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from runners.stream import stream
+from probes.run import run
 from runners.witness_args import WitnessOptions
 
 # Native mode never builds a cgroup root and never rearranges the host's tree. An inherited
@@ -41,4 +41,4 @@ def delegate_argv(run_argv: Sequence[str], *, systemd_run: str, python: str = sy
 def run_native(options: WitnessOptions, *, timeout: float,
                environ: Mapping[str, str] | None = None) -> int | None:
     env = native_env(os.environ if environ is None else environ)
-    return stream(witness_argv(options), timeout=timeout, env=env)
+    return run(witness_argv(options), timeout=timeout, env=env, capture=False).returncode

@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from probes.collect import collect
 from probes.finding import Finding
 from probes.host import Host
+from probes.run import run
 from runners import container, native, vm_mode, witness_args
 from runners.decide import NEEDED, Decision, Mode, Request, decide
 from runners.errors import EXIT_DID_NOT_RUN, EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError
-from runners.stream import stream
 
 MODE_ENV = "SANDBOX_CONFORMANCE_MODE"
 PRINT_MODE_ENV = "SANDBOX_CONFORMANCE_PRINT_MODE"
@@ -181,7 +181,7 @@ def _run_delegated(args: argparse.Namespace) -> int:
     argv = native.delegate_argv(_rerun_argv(args), systemd_run=systemd_run)
     _say("re-executing under " + " ".join(argv[:6]))
     # The user manager is found through XDG_RUNTIME_DIR / DBUS_SESSION_BUS_ADDRESS: pass ours on.
-    return _witness_code(stream(argv, timeout=args.timeout + 60, env=dict(os.environ)))
+    return _witness_code(run(argv, timeout=args.timeout + 60, env=dict(os.environ), capture=False).returncode)
 
 
 def _run_container(args: argparse.Namespace, options: witness_args.WitnessOptions,

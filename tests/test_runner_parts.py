@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from probes.run import run
 from runners import container, native, witness_args
 from runners.container import Engine, Leg, combine, inside_options, security_flags
-from runners.stream import stream
 from runners.witness_args import WitnessOptions
 
 
@@ -40,14 +40,14 @@ def test_native_mode_drops_an_inherited_cgroup_root_and_keeps_the_rest() -> None
 def test_the_child_of_a_native_run_does_not_see_the_cgroup_root(capfd: pytest.CaptureFixture[str]) -> None:
     env = native.native_env({"SANDBOX_CONFORMANCE_CGROUP_ROOT": "/x", "PATH": "/usr/bin:/bin"})
     code = "import os; print('root=' + os.environ.get('SANDBOX_CONFORMANCE_CGROUP_ROOT', 'unset'))"
-    assert stream([sys.executable, "-c", code], timeout=30, env=env) == 0
+    assert run([sys.executable, "-c", code], timeout=30, env=env, capture=False).returncode == 0
     assert "root=unset" in capfd.readouterr().out
 
 
-def test_stream_kills_the_whole_group_on_timeout(tmp_path: Path) -> None:
+def test_an_uncaptured_run_kills_the_whole_group_on_timeout(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
-    rc = stream(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"], timeout=1)
-    assert rc is None
+    done = run(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"], timeout=1, capture=False)
+    assert done.returncode is None and done.timed_out
     pid = int(pidfile.read_text())
     # SIGKILL is delivered asynchronously; the orphan is then reaped by whoever adopted it.
     deadline = time.monotonic() + 5
