@@ -21,11 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 
+from probes.run import run
 from runners.cgroup_setup import ENV_ROOT, Mode, Setup, SetupError
 
 
@@ -77,11 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     *(a.replace("{label}", label) for a in witness)]
         print(f"sandbox-conformance vm: witness suite as {label}", file=sys.stderr, flush=True)
         started = time.monotonic()
-        try:
-            rc: int | None = subprocess.run(leg_argv, env=env, timeout=args.timeout,
-                                            stdin=subprocess.DEVNULL).returncode
-        except subprocess.TimeoutExpired:
-            rc = None
+        # The whole process group goes on timeout (tasks, launchers), not just the witness command.
+        rc = run(leg_argv, timeout=args.timeout, env=env, capture=False).returncode
         codes.append(rc)
         summary["legs"].append({"label": label, "user": user, "returncode": rc,  # type: ignore[union-attr]
                                 "seconds": round(time.monotonic() - started, 1)})
@@ -100,15 +97,12 @@ def run_controls(names: str, out: str | None, *, env: dict[str, str], timeout: f
     argv = [sys.executable, "-m", "runners.cli", "controls", "--only", names, "--json"]
     print(f"sandbox-conformance vm: controls {names}", file=sys.stderr, flush=True)
     started = time.monotonic()
-    try:
-        done = subprocess.run(argv, env=env, timeout=timeout, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, text=True)
-        rc: int | None = done.returncode
-        if out:
-            with open(out, "w") as f:
-                f.write(done.stdout)
-    except subprocess.TimeoutExpired:
-        rc = None
+    done = run(argv, timeout=timeout, env=env)
+    sys.stderr.write(done.stderr)
+    rc = done.returncode
+    if out and not done.timed_out:
+        with open(out, "w") as f:
+            f.write(done.stdout)
     summary["controls"] = {"names": names, "returncode": rc, "seconds": round(time.monotonic() - started, 1)}
     print(f"sandbox-conformance vm: controls {names}: " + ("timed out" if rc is None else f"exit {rc}"),
           file=sys.stderr, flush=True)
