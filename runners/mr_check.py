@@ -5,8 +5,12 @@ default branch, plus uncommitted and untracked files), matches them against the 
 globs declared in `[tool.sandbox-conformance]` (runners/mr_config.py), and runs every touched tier
 through the runner (runners/mr_tiers.py).
 
+Every command printed is the one that ran or would run: tier commands from the repository root,
+the re-check with every option that changes what is checked (-C, --config, --base, --mode).
+
 Exit: 0 not sandbox-touching, or every touched tier ran green; 1 a tier went red (or gave no
-verdict); 2 usage or input error (no configuration, not a repository, unknown base), one line;
+verdict); 2 usage or input error (no configuration, a bad or unknown key, not a repository, unknown
+base, a shallow clone without the merge-base), one line;
 75 a touched tier could not run here: the handover paragraph names the files, the tier, the exact
 command and why. Never 0 for a sandbox-touching change whose tier did not run.
 """
@@ -14,14 +18,15 @@ command and why. Never 0 for a sandbox-touching change whose tier did not run.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from runners.errors import UsageError
-from runners.mr_config import ConfigError, check_paths, load
-from runners.mr_git import GitError, collect, toplevel
-from runners.mr_report import Format, Report, exit_code, plan, render
-from runners.mr_tiers import TierResult, display_command, run_tier
+from runners.mr_config import ConfigError, dead_globs, load, resolve
+from runners.mr_git import GitError, collect, files_at_head, toplevel
+from runners.mr_report import Format, Invocation, Report, exit_code, plan, render
+from runners.mr_tiers import TierResult, display_command, effective_mode, run_tier
 
 MODES = ("auto", "native", "container", "vm")
 
@@ -36,10 +41,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a TOML file with the tiers (default: [tool.sandbox-conformance] in the repository's "
                         "pyproject.toml)")
     p.add_argument("--mode", choices=MODES,
-                   help="passed to the runner for every tier (default: the runner's, i.e. "
-                        "$SANDBOX_CONFORMANCE_MODE or auto)")
+                   help="passed to the runner for every witness and cgroup tier (default: the runner's, "
+                        "i.e. $SANDBOX_CONFORMANCE_MODE or auto); command tiers always run on this host")
     p.add_argument("-C", "--repo", metavar="DIR", type=Path, default=None,
                    help="the repository to check (default: the working directory)")
+
+
+def _warn(line: str) -> None:
+    print(f"sandbox-conformance mr-check: warning: {line}", file=sys.stderr, flush=True)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -48,18 +57,24 @@ def main(args: argparse.Namespace) -> int:
     try:
         # The configuration first: in a repository that declares nothing, "add this" is the useful line.
         root = toplevel(cwd)
-        config = load(root, args.config)
-        check_paths(config, root)
+        config = resolve(load(root, args.config), root)
         changes = collect(cwd, args.base)
+        for warning in dead_globs(config, files_at_head(root)):
+            _warn(warning)
     except (GitError, ConfigError) as e:
         raise UsageError(str(e)) from None
+    # The environment's mode made explicit: a printed command must not depend on a variable the
+    # reviewer's shell does not have.
+    mode = effective_mode(args.mode, os.environ)
+    invocation = Invocation(changes.base, mode, root if args.repo is not None else None,
+                            args.config.absolute() if args.config is not None else None)
     plans = plan(config.tiers, changes.changes)
     results: list[TierResult] = []
     for p in plans:
         # Progress on stderr: a tier can take minutes, and stdout is the report (maybe JSON).
-        cmd = display_command(p.tier, args.mode)
+        cmd = display_command(p.tier, mode)
         print(f"sandbox-conformance mr-check: running tier {p.tier.name}: {cmd}", file=sys.stderr, flush=True)
-        results.append(run_tier(p.tier, changes.root, args.mode))
-    report = Report(changes, config.source, args.mode, plans, tuple(results))
+        results.append(run_tier(p.tier, changes.root, mode))
+    report = Report(changes, config.source, invocation, plans, tuple(results))
     print(render(report, fmt))
     return exit_code(report)

@@ -16,6 +16,7 @@ from pathlib import Path
 from probes.run import Completed, Runner, minimal_env, run
 
 GIT_TIMEOUT = 60.0
+DEEPEN_BY = 200  # commits: what the shallow-clone hint suggests fetching first
 
 
 class GitError(Exception):
@@ -71,6 +72,16 @@ class Changes:
     merge_base: str
     head: str
     changes: tuple[Change, ...]
+    head_short: str = ""  # `git rev-parse --short HEAD`: the commit a report says it tested
+
+    @property
+    def uncommitted(self) -> tuple[Change, ...]:
+        """Staged, unstaged and untracked: what the commit does not hold."""
+        return tuple(c for c in self.changes if c.source is not Source.committed)
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self.uncommitted)
 
 
 class Git:
@@ -191,20 +202,46 @@ def collect(cwd: Path, base: str | None, runner: Runner = run) -> Changes:
     name = base if base is not None else default_base(git)
     base_commit = git.commit(name)
     if base_commit is None:
-        raise GitError(f"unknown base {name!r}: not a commit in {root}")
+        # A shallow, single-branch clone (a CI checkout) has not fetched the base at all.
+        hint = (f" (a shallow clone: fetch the base first, e.g. `git fetch --deepen={DEEPEN_BY} origin "
+                "BRANCH`)" if is_shallow(git) else "")
+        raise GitError(f"unknown base {name!r}: not a commit in {root}{hint}")
     head = git.commit("HEAD")
     if head is None:
         raise GitError(f"HEAD has no commit yet in {root}: nothing to compare with {name!r}")
     done = git("merge-base", base_commit, head)
     if not done.ok or not done.stdout.strip():
-        raise GitError(f"base {name!r} and HEAD have no merge-base in {root}: pass a --base on this history")
+        raise GitError(no_merge_base(git, name))
     merge_base = done.stdout.strip()
     committed = parse_diff_z(git.ok("diff", "--name-status", "-z", "-M", "--no-ext-diff", "--no-textconv",
                                     merge_base, head, "--"))
     # --untracked-files=all lists files inside new directories one by one (a new directory alone
     # would not match `dir/*.py`); ignored files are left out by the standard exclude rules.
     worktree = parse_status_z(git.ok("status", "--porcelain=v1", "-z", "--renames", "--untracked-files=all"))
-    return Changes(root, name, base_commit, merge_base, head, tuple(committed + worktree))
+    short = git.ok("rev-parse", "--short", head).strip()
+    return Changes(root, name, base_commit, merge_base, head, tuple(committed + worktree), short)
+
+
+def no_merge_base(git: Git, base: str) -> str:
+    """Why base and HEAD share no commit, and what to do. In a shallow clone (CI checkouts often
+    fetch one commit) the merge-base exists upstream but was not fetched: deepening fixes it, where
+    naming another --base would not (git-fetch(1), --deepen and --unshallow)."""
+    if is_shallow(git):
+        return (f"base {base!r} and HEAD have no merge-base in {git.cwd}, which is a shallow clone: the "
+                f"merge-base was not fetched; deepen it with `git fetch --deepen={DEEPEN_BY}` (repeat as "
+                "needed) or `git fetch --unshallow`, then re-run")
+    return f"base {base!r} and HEAD have no merge-base in {git.cwd}: pass a --base on this history"
+
+
+def is_shallow(git: Git) -> bool:
+    done = git("rev-parse", "--is-shallow-repository")
+    return done.ok and done.stdout.strip() == "true"
+
+
+def files_at_head(root: Path, runner: Runner = run) -> list[str]:
+    """Every file in HEAD's tree, repository-relative (for the dead-glob warning)."""
+    out = Git(root, runner).ok("ls-tree", "-r", "-z", "--name-only", "--full-tree", "HEAD")
+    return [p for p in out.split("\0") if p]
 
 
 def touched_paths(changes: Sequence[Change]) -> list[str]:

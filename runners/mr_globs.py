@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 
 
 class GlobError(ValueError):
@@ -73,3 +74,17 @@ def compile_glob(pattern: str) -> re.Pattern[str]:
 
 def matches(pattern: str, path: str) -> bool:
     return compile_glob(pattern).fullmatch(path) is not None
+
+
+def dead_glob_hint(pattern: str, files: Sequence[str]) -> str | None:
+    """None when `pattern` matches one of `files`; else why it matches nothing, for a warning.
+
+    A glob is matched against files only, so `src/sandbox` (a directory written without `/**`) is
+    the common dead gate: say so when it matches a directory that holds files."""
+    regex = compile_glob(pattern)
+    if any(regex.fullmatch(f) for f in files):
+        return None
+    dirs = {f.rsplit("/", i)[0] for f in files for i in range(1, f.count("/") + 1)}
+    if any(regex.fullmatch(d) for d in dirs):
+        return f": it names a directory, write {pattern.rstrip('/') + '/**'!r} for the files below it"
+    return ""

@@ -2,7 +2,9 @@
 
 No I/O here. `plan` matches changed paths against the declared globs; `overall` turns the tier
 results into one outcome (never green when a touched tier did not run); `render_*` print it as
-text, Markdown (to paste into a merge request) or one JSON document (schema 1).
+text, Markdown (to paste into a merge request) or one JSON document (schema 1). Every report names
+the commit tested and whether the work tree was dirty; every command in it is the one that ran (or
+would run), run from the repository root.
 """
 
 from __future__ import annotations
@@ -10,18 +12,20 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import re
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from runners.mr_config import Tier
-from runners.mr_git import Change, Changes
+from runners.mr_git import Change, Changes, Source
 from runners.mr_globs import matches
 from runners.mr_tiers import Outcome, TierResult, display_command
 
 SCHEMA = 1
-PROG = "sandbox-conformance mr-check"
+TOOL = "sandbox-conformance"
+PROG = f"{TOOL} mr-check"
 
 
 class Format(enum.StrEnum):
@@ -64,12 +68,37 @@ def plan(tiers: Sequence[Tier], changes: Sequence[Change]) -> tuple[TierPlan, ..
 
 
 @dataclasses.dataclass(frozen=True)
+class Invocation:
+    """How mr-check was asked to run: every option that changes what it checks, so the re-check
+    command it prints runs the same check (paths absolute: it works from any directory)."""
+    base: str                   # as resolved: the default branch may differ on another clone
+    mode: str | None = None
+    repo: Path | None = None    # the repository root when -C was given; else run from inside it
+    config: Path | None = None  # --config, absolute
+
+    def command(self) -> str:
+        args = [TOOL, "mr-check"]
+        if self.repo is not None:
+            args += ["-C", str(self.repo)]
+        if self.config is not None:
+            args += ["--config", str(self.config)]
+        args += ["--base", self.base]
+        if self.mode:
+            args += ["--mode", self.mode]
+        return shlex.join(args)
+
+
+@dataclasses.dataclass(frozen=True)
 class Report:
     changes: Changes
     config: Path
-    mode: str | None
+    invocation: Invocation
     plans: tuple[TierPlan, ...]
     results: tuple[TierResult, ...]  # parallel to plans
+
+    @property
+    def mode(self) -> str | None:
+        return self.invocation.mode
 
     @property
     def touched(self) -> bool:
@@ -78,6 +107,14 @@ class Report:
     @property
     def pairs(self) -> list[tuple[TierPlan, TierResult]]:
         return list(zip(self.plans, self.results, strict=True))
+
+    @property
+    def refused(self) -> list[tuple[TierPlan, TierResult]]:
+        return [(p, res) for p, res in self.pairs if res.outcome is Outcome.refused]
+
+    @property
+    def ran(self) -> list[tuple[TierPlan, TierResult]]:
+        return [(p, res) for p, res in self.pairs if res.outcome is not Outcome.refused]
 
 
 def overall(results: Sequence[TierResult]) -> Outcome:
@@ -99,78 +136,152 @@ def _short(sha: str) -> str:
     return sha[:12]
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
 def _since(r: Report) -> str:
     c = r.changes
     return f"since {c.base} (merge-base {_short(c.merge_base)})"
 
 
+def _uncommitted_paths(changes: Sequence[Change]) -> set[str]:
+    return {c.path for c in changes if c.source is not Source.committed}
+
+
+def tested(r: Report) -> str:
+    """The commit tested and whether the work tree matched it: a verdict on a dirty tree is a verdict
+    on files the reviewer cannot see in the merge request."""
+    n = len(_uncommitted_paths(r.changes.changes))
+    state = f"work tree dirty: {_plural(n, 'uncommitted file')}" if n else "work tree clean"
+    return f"tested {r.changes.head_short or _short(r.changes.head)} ({state})"
+
+
 def untouched_line(r: Report) -> str:
     n = len({c.path for c in r.changes.changes})  # a path both committed and edited since counts once
-    return (f"{PROG}: not sandbox-touching: {n} changed path{'s' if n != 1 else ''} {_since(r)}, "
+    return (f"{PROG}: not sandbox-touching: {_plural(n, 'changed path')} {_since(r)}, {tested(r)}, "
             f"none matches a glob declared in {r.config.name}")
 
 
 def recheck_command(r: Report) -> str:
-    """mr-check itself, to re-run every touched tier on a host that can (same base, same mode)."""
-    return shlex.join([PROG.split()[0], "mr-check", "--base", r.changes.base,
-                       *(["--mode", r.mode] if r.mode else [])])
+    """mr-check itself, to re-run every touched tier on a host that can (same options)."""
+    return r.invocation.command()
 
 
-def _handover_fields(p: TierPlan, res: TierResult, mode: str | None) -> tuple[str, str, str]:
-    why = res.reason.rstrip(".")
-    if res.ways_on:
-        why += " (ways on: " + "; ".join(w.rstrip(".") for w in res.ways_on) + ")"
-    return p.tier.describe(), display_command(p.tier, mode), why
+# --- the handover: what a reviewer pastes into the merge request, unedited ------------------------
+
+PROBE_POINTER = "For what this host lacks, run `sandbox-conformance probe` where mr-check ran."
+ATTACH = "Run from the repository root on a host that can, and attach the last line it prints:"
 
 
-def handover_text(r: Report) -> str | None:
-    refused = [(p, res) for p, res in r.pairs if res.outcome is Outcome.refused]
-    if not refused:
-        return None
-    paras = []
-    for p, res in refused:
-        what, cmd, why = _handover_fields(p, res, r.mode)
-        paras.append(
-            f"Sandbox conformance NOT verified for this change: {p.files} touch the sandbox and are covered "
-            f"by tier \"{p.tier.name}\" ({what}), which could not run on the host where mr-check ran: {why}. "
-            f"Run it from the repository root on a host that can, and attach its verdict line: {cmd}")
-    paras.append(f"To re-check the whole change on such a host: {recheck_command(r)}")
-    return "\n\n".join(paras)
+def handover_heading(r: Report) -> str:
+    names = [p.tier.name for p, _ in r.refused]
+    listed = ", ".join(f"`{n}`" for n in names[:-1]) + (" and " if len(names) > 1 else "") + f"`{names[-1]}`"
+    return f"Sandbox conformance: not verified here: needs {listed} run on a host that can"
+
+
+@dataclasses.dataclass(frozen=True)
+class Handover:
+    """One refused tier, as the handover says it."""
+    tier: str
+    what: str
+    committed: tuple[Change, ...]  # listed; uncommitted work is only counted
+    uncommitted: int
+    why: str
+    commands: tuple[str, ...]      # the tier's command, then every way on that is a command
+
+    @classmethod
+    def of(cls, p: TierPlan, res: TierResult, mode: str | None) -> Handover:
+        committed = tuple(h.change for h in p.hits if h.change.source is Source.committed)
+        commands = [display_command(p.tier, mode)]
+        for way in res.ways_on:
+            if way.startswith(f"{TOOL} "):
+                cmd, _, note = way.partition("  # ")
+                commands.append(f"# or{': ' + note if note else ''}\n{cmd.strip()}")
+        return cls(p.tier.name, p.tier.describe(), committed,
+                   len(_uncommitted_paths([h.change for h in p.hits])), res.plain_why, tuple(commands))
+
+    def uncommitted_line(self) -> str:
+        if not self.uncommitted:
+            return ""
+        if not self.committed:
+            return (f"only {_plural(self.uncommitted, 'uncommitted file')}: commit them, so the reviewer "
+                    "tests what they read")
+        return f"plus {_plural(self.uncommitted, 'uncommitted file')}"
+
+
+def _fence(body: str, lang: str = "sh") -> str:
+    # A fence longer than any backtick run inside, so output quoting ``` cannot close it (CommonMark 4.5).
+    ticks = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", body)), default=0))
+    return f"{ticks}{lang}\n{body}\n{ticks}"
+
+
+def _how_markdown(c: Change) -> str:
+    return f"{c.status} from `{c.old_path}`" if c.old_path else str(c.status)
 
 
 def handover_markdown(r: Report) -> str | None:
-    refused = [(p, res) for p, res in r.pairs if res.outcome is Outcome.refused]
-    if not refused:
+    if not r.refused:
         return None
-    paras = []
-    for p, res in refused:
-        what, cmd, why = _handover_fields(p, res, r.mode)
-        files = ", ".join(f"`{h.change.path}` ({h.change.how()})" for h in p.hits)
-        paras.append(
-            f"**Sandbox conformance not verified here.** {files} touch the sandbox and are covered by tier "
-            f"`{p.tier.name}` ({what}), which could not run on the host where `mr-check` ran: {why}. "
-            f"Run it from the repository root on a host that can, and attach its verdict line:\n\n"
-            f"```sh\n{cmd}\n```")
-    paras.append(f"To re-check the whole change on such a host: `{recheck_command(r)}`")
-    return "\n\n".join(paras)
+    out: list[str] = []
+    for p, res in r.refused:
+        h = Handover.of(p, res, r.mode)
+        out.append(f"**`{h.tier}`** ({h.what}) covers:")
+        out.append("\n".join(f"- `{c.path}` ({_how_markdown(c)})" for c in h.committed)
+                   or "- no committed file")
+        if h.uncommitted_line():
+            out.append(h.uncommitted_line()[0].upper() + h.uncommitted_line()[1:] + ".")
+        out += [f"Why not here: {h.why}.", ATTACH, _fence("\n".join(h.commands))]
+    out += ["To re-check the whole change on such a host:", _fence(recheck_command(r)), PROBE_POINTER]
+    return "\n\n".join(out)
+
+
+def handover_text(r: Report) -> str | None:
+    if not r.refused:
+        return None
+    out = [handover_heading(r).replace("`", ""), ""]
+    for p, res in r.refused:
+        h = Handover.of(p, res, r.mode)
+        out.append(f"Tier {h.tier} ({h.what}) covers:")
+        out += [f"  - {c.describe()}" for c in h.committed] or ["  - no committed file"]
+        if h.uncommitted_line():
+            out.append(f"  {h.uncommitted_line()}")
+        out += [f"Why not here: {h.why}.", ATTACH]
+        out += [f"    {line}" for cmd in h.commands for line in cmd.splitlines()]
+        out.append("")
+    out += ["To re-check the whole change on such a host:", f"    {recheck_command(r)}", PROBE_POINTER]
+    return "\n".join(out)
+
+
+# --- the renderings ------------------------------------------------------------------------------
+
+def _result_lines(res: TierResult) -> list[str]:
+    """What a tier that ran said: the failures first, then the denoised tail."""
+    lines: list[str] = []
+    if res.runner_verdict:
+        lines.append(f"runner: {res.runner_verdict}")
+    if res.reason != res.runner_verdict:
+        lines.append(f"{'why' if res.outcome is Outcome.refused else 'result'}: {res.reason}")
+    lines += [f"way on: {w}" for w in res.ways_on]
+    if res.failures:
+        lines.append("failed:")
+        lines += [f"  ! {f}" for f in res.failures]
+    if res.outcome in (Outcome.failed, Outcome.error, Outcome.usage) and res.output_tail:
+        lines.append("output (tail):")
+        lines += [f"  | {t}" for t in res.output_tail]
+    return lines
 
 
 def render_text(r: Report) -> str:
     if not r.touched:
         return untouched_line(r)
     verdict = overall(r.results)
-    lines = [f"{PROG}: sandbox-touching change {_since(r)}: {len(r.plans)} tier(s) cover it"]
+    lines = [f"{PROG}: sandbox-touching change {_since(r)}, {tested(r)}: {len(r.plans)} tier(s) cover it; "
+             f"commands run from the repository root {r.changes.root}"]
     for p, res in r.pairs:
         lines.append(f"{res.outcome:<8} {p.tier.name}: {display_command(p.tier, r.mode)}")
         lines.append(f"         files: {p.files}")
-        if res.runner_verdict:
-            lines.append(f"         runner: {res.runner_verdict}")
-        if res.reason != res.runner_verdict:
-            lines.append(f"         {'why' if res.outcome is Outcome.refused else 'result'}: {res.reason}")
-        lines += [f"         way on: {w}" for w in res.ways_on]
-        if res.outcome in (Outcome.failed, Outcome.error, Outcome.usage) and res.output_tail:
-            lines.append("         output (tail):")
-            lines += [f"           | {t}" for t in res.output_tail]
+        lines += [f"         {x}" for x in _result_lines(res)]
     hand = handover_text(r)
     if hand:
         lines += ["", "Handover (paste into the merge request):", "", hand, ""]
@@ -183,25 +294,43 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _ran_markdown(r: Report) -> list[str]:
+    lines = ["| verdict | tier | command | files |", "|---|---|---|---|"]
+    for p, res in r.ran:
+        files = "<br>".join(f"`{_cell(h.change.describe())}`" for h in p.hits)
+        lines.append(f"| {res.outcome} | `{_cell(p.tier.name)}` | `{_cell(display_command(p.tier, r.mode))}` "
+                     f"| {files} |")
+    for p, res in r.ran:
+        lines += ["", f"- `{p.tier.name}`: {res.runner_verdict or res.reason}"]
+        shown = res.failures or (res.output_tail if res.outcome is not Outcome.passed else ())
+        if res.failures and res.reason != res.runner_verdict:
+            shown = (res.reason, *shown)
+        if shown:
+            lines += ["", *("  " + x for x in _fence("\n".join(shown), "text").splitlines())]
+    return lines
+
+
 def render_markdown(r: Report) -> str:
     if not r.touched:
         return untouched_line(r).replace(f"{PROG}: ", "**sandbox-conformance mr-check:** ", 1)
     verdict = overall(r.results)
-    lines = [f"### Sandbox conformance: {verdict}", "",
-             f"Sandbox-touching change {_since(r)}.", "",
-             "| verdict | tier | command | files |", "|---|---|---|---|"]
-    for p, res in r.pairs:
-        files = "<br>".join(f"`{_cell(h.change.describe())}`" for h in p.hits)
-        lines.append(f"| {res.outcome} | `{_cell(p.tier.name)}` | `{_cell(display_command(p.tier, r.mode))}` "
-                     f"| {files} |")
-    lines.append("")
-    for p, res in r.pairs:
-        if res.outcome is not Outcome.refused:
-            lines.append(f"- `{p.tier.name}`: {res.runner_verdict or res.reason}")
+    # A handover is headed by what it needs, never by the word REFUSED: that is the tool's verdict,
+    # and the reader of a merge request needs the next step.
+    heading = handover_heading(r) if verdict is Outcome.refused else f"Sandbox conformance: {verdict}"
+    lines = [f"### {heading}", "",
+             f"Sandbox-touching change {_since(r)}, {tested(r)}. Commands run from the repository root."]
+    if r.ran:
+        lines += ["", *_ran_markdown(r)]
     hand = handover_markdown(r)
     if hand:
+        if verdict is not Outcome.refused:
+            lines += ["", f"#### {handover_heading(r)}"]
         lines += ["", hand]
     return "\n".join(lines).rstrip("\n")
+
+
+def _titled(hand: str | None, r: Report) -> str | None:
+    return None if hand is None else f"### {handover_heading(r)}\n\n{hand}"
 
 
 def _change_json(c: Change) -> dict[str, Any]:
@@ -221,10 +350,15 @@ def to_json(r: Report) -> dict[str, Any]:
         "base_commit": c.base_commit,
         "merge_base": c.merge_base,
         "head": c.head,
+        "commit": c.head_short,
+        "dirty": c.dirty,
+        "uncommitted_files": sorted(_uncommitted_paths(c.changes)),
         "mode": r.mode,
+        "recheck": recheck_command(r),
         "changes": [_change_json(x) for x in c.changes],
         "tiers": [],
         "handover": handover_text(r),
+        "handover_markdown": _titled(handover_markdown(r), r),
     }
     for p, res in r.pairs:
         doc["tiers"].append({
@@ -232,13 +366,16 @@ def to_json(r: Report) -> dict[str, Any]:
             "kind": str(p.tier.kind),
             "description": p.tier.describe(),
             "command": display_command(p.tier, r.mode),
+            "prepare": list(p.tier.prepare),
             "files": [{**_change_json(h.change), "globs": list(h.globs)} for h in p.hits],
             "outcome": str(res.outcome),
             "reason": res.reason,
+            "why": res.plain_why if res.outcome is Outcome.refused else None,
             "ways_on": list(res.ways_on),
             "runner_verdict": res.runner_verdict,
             "exit_code": res.exit_code,
             "seconds": round(res.seconds, 3),
+            "failures": list(res.failures),
             "output_tail": list(res.output_tail),
         })
     return doc

@@ -5,7 +5,11 @@
   refusal lines (`... run: refused: REASON`, `  way on: ...`) are the handover's "why".
 - command tiers: the runner's own decision (`runners.decide.decide` over the same probes `run`
   collects) gates the user's command; a refusal there is a refusal here. The command then runs on
-  this host from the repository root.
+  this host from the repository root: `--mode container|vm` says where the runner puts the witness
+  suite, so it does not apply to a command tier (gated under auto instead).
+- a tier's `prepare` runs first, from the repository root; its failure is the tier's failure.
+
+Every command printed for a tier (display_command) is the one that runs, prepare included.
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ import dataclasses
 import enum
 import functools
 import os
+import re
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from probes.finding import Finding
@@ -28,7 +33,10 @@ RUN_PREFIX = f"{PROG} run:"
 REFUSED_PREFIX = f"{RUN_PREFIX} refused: "
 WAY_ON = "way on:"
 VERDICT_PREFIX = f"{PROG}: "
+MODE_ENV = "SANDBOX_CONFORMANCE_MODE"  # runners/run_cmd.py reads the same variable
 TAIL_LINES = 20
+FAILURE_LINES = 30   # promise lines kept for a red tier; the rest are counted
+LINE_CHARS = 400     # a BROKEN line quotes what the task saw, which can be long
 
 # pytest selection of the cgroup witnesses inside the witness suite (each is marked `cgroup`,
 # conformance/test_witnesses.py). None would mean a suite without cgroup witnesses: a `cgroup` tier
@@ -59,6 +67,27 @@ class TierResult:
     exit_code: int | None = None        # of the runner or the command; None: killed on timeout
     seconds: float = 0.0
     output_tail: tuple[str, ...] = ()   # last lines of stdout+stderr, for a red or odd run
+    failures: tuple[str, ...] = ()      # harness errors, then the promises that went BROKEN
+    why: str = ""                       # a refusal in plain words, for the handover (no probe internals)
+
+    @property
+    def plain_why(self) -> str:
+        return self.why or plain_words(self.reason)
+
+
+_PARENTHESES = re.compile(r"\s*\([^()]*\)")
+# `cgroup.delegation: unsupported: ...`: a probe's id and verdict, then its evidence (paths, files).
+_PROBE_DETAIL = re.compile(r"[\s:;,]*\b[a-z_]+(?:\.[a-z_]+)*: (?:supported|denied|unsupported|detected|"
+                           r"not_detected|unknown)\b.*$")
+
+
+def plain_words(reason: str) -> str:
+    """A refusal reason without its evidence: parenthesised details and `probe: verdict: ...` tails
+    go (they are what `sandbox-conformance probe` shows), the sentence stays."""
+    text = reason
+    while (shorter := _PARENTHESES.sub("", text)) != text:
+        text = shorter
+    return _PROBE_DETAIL.sub("", text).strip(" :;,.") or reason
 
 
 def runner_args(tier: Tier, mode: str | None) -> list[str]:
@@ -86,11 +115,25 @@ def runner_args(tier: Tier, mode: str | None) -> list[str]:
 
 
 def display_command(tier: Tier, mode: str | None) -> str:
-    """The exact command a person runs from the repository root to run this tier."""
+    """The exact command a person runs from the repository root to run this tier, prepare first.
+
+    The mode applies to witness and cgroup tiers only: a command tier always runs on this host."""
     if tier.kind is TierKind.command:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in tier.env.items())
-        return (env + " " if env else "") + shlex.join(tier.argv)
-    return shlex.join([PROG, *runner_args(tier, mode)])
+        cmd = (env + " " if env else "") + shlex.join(tier.argv)
+    else:
+        args = runner_args(tier, mode)
+        words = [shlex.quote(a) for a in (PROG, *args)]
+        if tier.launcher_shown is not None:
+            # `--launcher "$PWD/launch.sh"`: the word the shell expands to exactly what ran, from the root.
+            words[1 + args.index("--launcher") + 1] = tier.launcher_shown
+        cmd = " ".join(words)
+    return f"{shlex.join(tier.prepare)} && {cmd}" if tier.prepare else cmd
+
+
+def effective_mode(mode: str | None, environ: Mapping[str, str]) -> str | None:
+    """The mode the runner will use: --mode, else the environment's, else None (auto)."""
+    return mode or environ.get(MODE_ENV) or None
 
 
 def runner_env() -> dict[str, str]:
@@ -116,10 +159,74 @@ def runner_argv(tier: Tier, mode: str | None) -> list[str]:
     return [sys.executable, "-P", "-m", "runners.cli", *runner_args(tier, mode)]
 
 
-def _tail(done: Completed) -> tuple[str, ...]:
-    lines = (done.stdout.rstrip("\n").splitlines() if done.stdout.strip() else []) + \
-            (done.stderr.rstrip("\n").splitlines() if done.stderr.strip() else [])
-    return tuple(lines[-TAIL_LINES:])
+_TEST_ID = re.compile(r"^(?:ERROR|FAILED) \S+::\S+")
+_BROKEN = re.compile(r": BROKEN(?::|$)")
+HARNESS = "harness error: "
+
+
+def _lines(done: Completed) -> list[str]:
+    return done.stdout.splitlines() + done.stderr.splitlines()
+
+
+def failure_lines(lines: Iterable[str]) -> tuple[str, ...]:
+    """The reason a witness run went red, first: each harness error once (with how many promises it
+    left untested), then every promise line that says BROKEN, then the witness summary line.
+
+    These are the witness command's own stdout lines (conformance/cli.py); pytest's report around
+    them (ids, warnings) says less and comes last, in the tail."""
+    harness: dict[str, int] = {}
+    broken: dict[str, None] = {}
+    summary = None
+    for line in lines:
+        if line.startswith("witness: ") and " BROKEN, " in line:
+            summary = line
+        elif (i := line.find(HARNESS)) != -1:
+            text = line[i:]
+            harness[text] = harness.get(text, 0) + (1 if i > 0 else 0)
+        elif _BROKEN.search(line):
+            broken[line] = None
+    out = [h + (f" ({n} promise{'s' if n != 1 else ''} not tested because of it)" if n else "")
+           for h, n in harness.items()]
+    out += list(broken)
+    if len(out) > FAILURE_LINES:
+        out = [*out[:FAILURE_LINES], f"... and {len(out) - FAILURE_LINES} more"]
+    if out and summary:
+        out.append(summary)
+    return tuple(_clip(x) for x in out)
+
+
+def _clip(line: str) -> str:
+    return line if len(line) <= LINE_CHARS else line[:LINE_CHARS - 3] + "..."
+
+
+def _denoise(lines: Iterable[str], *, drop_ids: bool) -> list[str]:
+    """pytest's warnings summary, blank lines and (when the failures say it better) test ids go."""
+    out: list[str] = []
+    in_warnings = False
+    for line in lines:
+        if line.startswith("=") and "warnings summary" in line:
+            in_warnings = True
+            continue
+        if in_warnings:
+            if line.startswith("-- Docs:"):
+                in_warnings = False
+            if not line.startswith("="):
+                continue
+            in_warnings = False
+        if line.strip() and not (drop_ids and _TEST_ID.match(line)):
+            out.append(line)
+    return out
+
+
+def _report(done: Completed) -> dict[str, tuple[str, ...]]:
+    """failures and output_tail for a run that did not pass: failures lead, the tail repeats none."""
+    lines = _lines(done)
+    failures = failure_lines(lines)
+    shown = set(failures)
+    tail = [ln for ln in _denoise(lines, drop_ids=bool(failures)) if _clip(ln) not in shown]
+    # Behind the failures, pytest's last lines (counts, skips, the verdict) are enough.
+    keep = TAIL_LINES // 4 if failures else TAIL_LINES
+    return {"failures": failures, "output_tail": tuple(_clip(x) for x in tail[-keep:])}
 
 
 def parse_runner_stderr(stderr: str) -> tuple[str | None, tuple[str, ...], str | None]:
@@ -147,7 +254,7 @@ def classify_runner(done: Completed) -> TierResult:
     common = {"runner_verdict": verdict, "exit_code": done.returncode, "seconds": done.seconds}
     if done.timed_out:
         return TierResult(Outcome.error, f"the runner timed out after {done.seconds:.0f}s and was killed",
-                          output_tail=_tail(done), **common)
+                          **_report(done), **common)
     if done.not_found:
         return TierResult(Outcome.refused, f"could not start the runner: {done.stderr.strip()}", **common)
     last = done.stderr_tail(1) or f"exit {done.returncode}"
@@ -155,15 +262,15 @@ def classify_runner(done: Completed) -> TierResult:
         case 0:
             return TierResult(Outcome.passed, verdict or "the runner exited 0", **common)
         case 1:
-            return TierResult(Outcome.failed, verdict or last, output_tail=_tail(done), **common)
+            return TierResult(Outcome.failed, verdict or last, **_report(done), **common)
         case 75:
             return TierResult(Outcome.refused, reason or last, ways, **common)
         case 2:
             return TierResult(Outcome.usage, f"the runner rejected the tier's options: {last}",
-                              output_tail=_tail(done), **common)
+                              **_report(done), **common)
         case _:
             return TierResult(Outcome.error, f"the runner exited {done.returncode}: {last}",
-                              output_tail=_tail(done), **common)
+                              **_report(done), **common)
 
 
 CgroupProbe = Callable[[], Finding]
@@ -178,30 +285,42 @@ def cgroup_delegation() -> Finding:
     return finding
 
 
-def cgroup_refusal(mode: str | None, finding: Finding) -> TierResult | None:
+def cgroup_refusal(tier: Tier, mode: str | None, finding: Finding) -> TierResult | None:
     """PURE: a cgroup tier is handed over where its witnesses could only skip. Natively (auto, native)
     the tasks' leaves come from this host's delegated root, so without one nothing would be tested.
-    A container or VM run proves its own root in its set-up step; there --require makes a skip red."""
+    A container or VM run proves its own root in its set-up step; there --require makes a skip red.
+    `mode` is the effective one (--mode, else $SANDBOX_CONFORMANCE_MODE)."""
     if mode in ("container", "vm") or (finding.ok and finding.facts.get("root")):
         return None
     return TierResult(
         Outcome.refused,
         f"no usable cgroup root on this host, so the cgroup witnesses would only skip: "
         f"cgroup.delegation: {finding.verdict}: {finding.reason}",
-        (f"{PROG} run --mode vm --require -- {' '.join(CGROUP_SELECTION)}  "
-         "# a kernel under qemu with a pure cgroup v2 hierarchy",
+        # The tier's own command under --mode vm: same profile, launcher and selection, so the way
+        # on tests what the tier declares, not the reference profile.
+        (f"{display_command(tier, 'vm')}  # a kernel under qemu with a pure cgroup v2 hierarchy",
          "set SANDBOX_CONFORMANCE_CGROUP_ROOT to a cgroup v2 subtree delegated to you (memory and pids "
-         "enabled in its cgroup.subtree_control)"))
+         "enabled in its cgroup.subtree_control)"),
+        why="this host has no cgroup v2 subtree delegated for the tests to put tasks in, so the cgroup "
+            "witnesses could only skip")
 
 
-def run_runner_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = run,
-                    cgroup_probe: CgroupProbe = cgroup_delegation) -> TierResult:
-    if tier.kind is TierKind.cgroup:
-        refused = cgroup_refusal(mode, cgroup_probe())
-        if refused is not None:
-            return refused
-    done = runner(runner_argv(tier, mode), timeout=tier.timeout, env=runner_env(), cwd=str(root))
-    return classify_runner(done)
+def run_prepare(tier: Tier, root: Path, runner: Runner = run) -> TierResult | None:
+    """The tier's prepare step, from the repository root, in the user's environment: None when it
+    succeeded (or there is none), else the tier's result: red, with the step's output."""
+    if not tier.prepare:
+        return None
+    done = runner(list(tier.prepare), timeout=tier.timeout, env=dict(os.environ), cwd=str(root))
+    if done.ok:
+        return None
+    what = f"prepare `{shlex.join(tier.prepare)}`"
+    common = {"exit_code": done.returncode, "seconds": done.seconds, **_report(done)}
+    if done.timed_out:
+        return TierResult(Outcome.error, f"{what} timed out after {done.seconds:.0f}s and was killed",
+                          **common)
+    if done.not_found:
+        return TierResult(Outcome.failed, f"{what} cannot start: {done.stderr.strip()}", **common)
+    return TierResult(Outcome.failed, f"{what} exited {done.returncode}", **common)
 
 
 # --- command tiers -------------------------------------------------------------------------------
@@ -239,6 +358,15 @@ def runner_gate(mode: str | None) -> Gate:
     return Gate(str(decision.mode), decision.reasons)
 
 
+def host_mode(mode: str | None, environ: Mapping[str, str]) -> str | None:
+    """The mode a command tier is gated under. The user's command runs on this host whatever --mode
+    says: container and vm choose where the runner puts the witness suite, and gating a command
+    with them would refuse it for a reason that is not about this host. They fall back to auto, so
+    the runner's guards (inside a sandbox, a deployment host) still apply; native means it."""
+    wanted = effective_mode(mode, environ)
+    return wanted if wanted in (None, "auto", "native") else "auto"
+
+
 def command_env(tier: Tier) -> dict[str, str]:
     # The user's own command, run as if they had typed it: their environment, plus the tier's env.
     return {**os.environ, **tier.env}
@@ -246,7 +374,7 @@ def command_env(tier: Tier) -> dict[str, str]:
 
 def run_command_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = run,
                      gate: GateFn = runner_gate) -> TierResult:
-    g = gate(mode)
+    g = gate(host_mode(mode, os.environ))
     if g.mode is None:
         reason = g.reasons[0] if g.reasons else "the runner refused"
         return TierResult(Outcome.refused, reason, g.ways_on)
@@ -258,7 +386,12 @@ def run_command_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = 
                           "and a command tier runs on this host",
                           ("run the command on a host where `sandbox-conformance run --print-mode` "
                            "says native",
-                           "or --mode native to mean it here"))
+                           "or --mode native to mean it here"),
+                          why=f"the runner would only run in a {g.mode} here, and a command tier runs on "
+                              "this host")
+    failed = run_prepare(tier, root, runner)
+    if failed is not None:
+        return failed
     done = runner(tier.argv, timeout=tier.timeout, env=command_env(tier), cwd=str(root))
     return classify_command(done)
 
@@ -270,16 +403,34 @@ def classify_command(done: Completed) -> TierResult:
                           ("install what it needs, or run it where it is installed",), **common)
     if done.timed_out:
         return TierResult(Outcome.error, f"the command timed out after {done.seconds:.0f}s and was killed",
-                          output_tail=_tail(done), **common)
+                          **_report(done), **common)
     if done.returncode == 0:
         return TierResult(Outcome.passed, "the command exited 0", **common)
-    return TierResult(Outcome.failed, f"the command exited {done.returncode}", output_tail=_tail(done),
-                      **common)
+    return TierResult(Outcome.failed, f"the command exited {done.returncode}", **_report(done), **common)
+
+
+def run_runner_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = run,
+                    cgroup_probe: CgroupProbe = cgroup_delegation, gate: GateFn = runner_gate) -> TierResult:
+    if tier.kind is TierKind.cgroup:
+        refused = cgroup_refusal(tier, effective_mode(mode, os.environ), cgroup_probe())
+        if refused is not None:
+            return refused
+    if tier.prepare:
+        # The runner decides only after prepare would have run: ask its decision first, so a prepare
+        # step never runs where the runner refuses (inside a sandbox, on a deployment host).
+        g = gate(mode)
+        if g.mode is None:
+            return TierResult(Outcome.refused, g.reasons[0] if g.reasons else "the runner refused", g.ways_on)
+    failed = run_prepare(tier, root, runner)
+    if failed is not None:
+        return failed
+    done = runner(runner_argv(tier, mode), timeout=tier.timeout, env=runner_env(), cwd=str(root))
+    return classify_runner(done)
 
 
 def run_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = run,
              gate: GateFn = runner_gate) -> TierResult:
     if tier.kind is TierKind.command:
         return run_command_tier(tier, root, mode, runner, gate)
-    return run_runner_tier(tier, root, mode, runner)
+    return run_runner_tier(tier, root, mode, runner, gate=gate)
 

@@ -224,22 +224,26 @@ def test_a_refused_gate_means_the_command_never_starts(tmp_path: Path) -> None:
 
 def test_the_handover_names_files_tier_command_and_why_in_every_format() -> None:
     from runners.mr_git import Changes
-    from runners.mr_report import Format, Report, render
+    from runners.mr_report import Format, Invocation, Report, render
     tier = Tier("cmd|pipe", ("src/**",), TierKind.command, argv=("sh", "-c", "a | b"))
     moved = Change("src/new.py", Status.renamed, Source.committed, "lib/old.py")
-    changes = Changes(Path("/r"), "main", "b" * 40, "m" * 40, "h" * 40, (moved,))
-    report = Report(changes, Path("/r/pyproject.toml"), None, plan([tier], [moved]),
+    changes = Changes(Path("/r"), "main", "b" * 40, "m" * 40, "h" * 40, (moved,), "hhhhhhh")
+    report = Report(changes, Path("/r/pyproject.toml"), Invocation("main"), plan([tier], [moved]),
                     (TierResult(Outcome.refused, "inside a sandbox", ("run it on the host",)),))
     text = render(report, Format.text)
-    assert 'src/new.py (renamed from lib/old.py) touch the sandbox' in text
-    assert 'tier "cmd|pipe"' in text and "sh -c 'a | b'" in text
-    assert "inside a sandbox (ways on: run it on the host)" in text
+    assert "  - src/new.py (renamed from lib/old.py)" in text
+    assert "Tier cmd|pipe (a command of the project's) covers:" in text and "    sh -c 'a | b'" in text
+    assert "Why not here: inside a sandbox." in text and "way on: run it on the host" in text
     assert "sandbox-conformance mr-check --base main" in text
     md = render(report, Format.markdown)
-    assert "| REFUSED | `cmd\\|pipe` | `sh -c 'a \\| b'` |" in md  # a `|` would end the table cell
-    assert "```sh\nsh -c 'a | b'\n```" in md                       # but not inside the code block
+    assert "- `src/new.py` (renamed from `lib/old.py`)" in md
+    assert "```sh\nsh -c 'a | b'\n```" in md                       # not escaped inside the code block
     doc = json.loads(render(report, Format.json))
     assert doc["tiers"][0]["files"][0]["old_path"] == "lib/old.py" and doc["exit"] == 75
+    # A tier that ran sits in the table, where a `|` would end the cell.
+    ran = Report(changes, Path("/r/pyproject.toml"), Invocation("main"), plan([tier], [moved]),
+                 (TierResult(Outcome.failed, "the command exited 1", output_tail=("boom",)),))
+    assert "| FAIL | `cmd\\|pipe` | `sh -c 'a \\| b'` |" in render(ran, Format.markdown)
 
 
 # --- temporary git repositories ---------------------------------------------------------------------
@@ -480,7 +484,8 @@ def _cgroup_skips_tier(tiers: str) -> tuple[str, str | None]:
     f = mr_tiers.cgroup_delegation()
     if f.ok and f.facts.get("root"):
         return tiers, None
-    text = "".join(f"{n} | no cgroup leaf: {f.verdict}: {f.reason}\n" for n in sorted(HARNESS_ENFORCED))
+    # The probe's own words: the harness's prefix to them is its wording, not the promise.
+    text = "".join(f"{n} | cgroup.delegation: {f.verdict}: {f.reason}\n" for n in sorted(HARNESS_ENFORCED))
     listed = '{ kind = "witness", expected_skips = "cgroup-skips.txt" }'
     return tiers.replace('{ kind = "witness" }', listed), text
 
@@ -543,18 +548,18 @@ def test_a_refused_witness_tier_is_75_with_a_handover(tmp_path: Path,
     out = done.stdout
     assert "REFUSED  witness-reference" in out
     hand = out.split("Handover (paste into the merge request):", 1)[1]
-    _assert_handover(hand, files=["src/sandbox/seccomp.json (modified, uncommitted)",
-                                  "src/sandbox/extra.py (untracked)"],
-                     tier='tier "witness-reference"', command="sandbox-conformance run",
-                     why="deployment host")
-    assert "--mode container" in hand and "--mode native" in hand  # the runner's ways on, kept
+    # Uncommitted work is counted, not listed: the reviewer can only test what was committed.
+    _assert_handover(hand, files=["only 2 uncommitted files: commit them"],
+                     tier="Tier witness-reference", command="    sandbox-conformance run\n",
+                     why="Why not here: this is a deployment host")
+    assert "--mode container" in out and "--mode native" in out  # the runner's ways on, kept
     assert "sandbox-conformance mr-check --base main" in hand
     assert out.rstrip().endswith("sandbox-conformance mr-check: REFUSED (75)")
 
     md = mr_check(repo, "--format", "markdown", env=deployment_signature)
     assert md.returncode == 75
-    _assert_handover(md.stdout, files=["`src/sandbox/seccomp.json` (modified, uncommitted)"],
-                     tier="`witness-reference`", command="```sh\nsandbox-conformance run\n```",
+    _assert_handover(md.stdout, files=["Only 2 uncommitted files"],
+                     tier="**`witness-reference`**", command="```sh\nsandbox-conformance run\n```",
                      why="deployment host")
     doc = json.loads(mr_check(repo, "--format", "json", env=deployment_signature).stdout)
     assert (doc["verdict"], doc["exit"], doc["tiers"][0]["outcome"]) == ("REFUSED", 75, "REFUSED")
@@ -571,8 +576,8 @@ def test_a_refused_command_tier_never_runs_the_command(tmp_path: Path, mark: Pat
     assert done.returncode == 75, done.stdout + done.stderr
     assert not mark.exists()
     hand = done.stdout.split("Handover (paste into the merge request):", 1)[1]
-    _assert_handover(hand, files=["src/sandbox/launch.py (modified, uncommitted)"],
-                     tier='tier "sandbox-check"', command="MARK=", why="deployment host")
+    _assert_handover(hand, files=["only 1 uncommitted file"],
+                     tier="Tier sandbox-check", command="MARK=", why="deployment host")
     assert "sh tools/check.sh" in hand
     # The same modes as the runner: an explicit --mode native means it, and the command runs.
     meant = mr_check(repo, "--mode", "native", env=deployment_signature)
@@ -610,7 +615,7 @@ def _delegation(ok: bool) -> Finding:
     ("vm", False, False),  # so does the VM's, on a kernel with a pure cgroup v2 hierarchy
 ])
 def test_a_cgroup_tier_is_refused_where_its_witnesses_could_only_skip(mode, root, refused) -> None:
-    r = mr_tiers.cgroup_refusal(mode, _delegation(root))
+    r = mr_tiers.cgroup_refusal(Tier("cg", ("a/**",), TierKind.cgroup), mode, _delegation(root))
     assert (r is not None) is refused
     if r is not None:
         assert r.outcome is Outcome.refused and "hybrid layout" in r.reason
