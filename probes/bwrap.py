@@ -73,9 +73,31 @@ def parse_version(text: str) -> str | None:
     return m.group(1) if m else None
 
 
+def not_executable(host: Host, name: str) -> tuple[str, int] | None:
+    """(path, st_mode) of the first regular file called `name` on PATH (absolute entries, as
+    Host.which) that we may not execute. shutil.which skips such a file silently (it wants X_OK), so
+    without this an installed bwrap with its mode broken reads as "not installed"."""
+    for entry in host.env.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(os.pathsep):
+        if not entry.startswith("/"):
+            continue
+        candidate = os.path.join(entry, name)
+        try:
+            st = os.stat(candidate)
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        if stat.S_ISREG(st.st_mode) and not os.access(candidate, os.X_OK):
+            return os.path.realpath(candidate), st.st_mode
+    return None
+
+
 def _inspect(host: Host) -> BwrapInfo:
     path = host.which("bwrap")
     if path is None:
+        broken = not_executable(host, "bwrap")
+        if broken is not None:
+            where, mode = broken
+            return BwrapInfo(path=where, setuid=bool(mode & stat.S_ISUID),
+                             error=f"not executable (mode {stat.filemode(mode)} {mode & 0o7777:04o})")
         return BwrapInfo(path=None)
     try:
         st = os.stat(path)
@@ -128,7 +150,9 @@ def probe(host: Host) -> list[Finding]:
     info = inspect(host)
     facts = {"path": info.path, "version": info.version,
              "version_tuple": list(info.version_tuple) if info.version_tuple else None,
-             "setuid": info.setuid, "caps": info.caps, "features": {"disable_userns": info.disable_userns}}
+             "setuid": info.setuid, "caps": info.caps, "features": {"disable_userns": info.disable_userns},
+             # False: found on PATH, but not a file we may execute (mode); None: not found at all.
+             "executable": None if info.path is None else info.trial is not None}
     if info.path is None:
         return [Finding("bwrap", Verdict.unsupported,
                         "bwrap not found in PATH (absolute entries only); apt-get install bubblewrap",
@@ -144,6 +168,11 @@ def probe(host: Host) -> list[Finding]:
         evidence["returncode"] = str(info.trial.returncode)
     if info.error == "timeout":
         return [Finding("bwrap", Verdict.unknown, f"{info.path} --version timed out", evidence, facts)]
+    if info.trial is None and info.error is not None:
+        # Found, but execve(2) would fail with EACCES: say where it is and its mode, not "install it".
+        return [Finding("bwrap", Verdict.denied,
+                        f"bwrap found at {info.path} but {info.error}; chmod 0755 {info.path} or "
+                        f"reinstall bubblewrap", evidence, facts)]
     if info.error is not None:
         return [Finding("bwrap", Verdict.denied,
                         f"{info.path} is present but could not be run as {host.user} ({info.error})",

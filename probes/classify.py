@@ -53,6 +53,12 @@ class Cause(enum.StrEnum):
     not_effective = "not_effective"  # the trial ran, but the promise was not kept (lo down, nested allowed)
     timeout = "timeout"
     trial_failed = "trial_failed"  # the trial could not run at all (interpreter, setpriv): nothing learnt
+    # /proc itself is mounted read-only: the setgroups/uid_map/gid_map writes every rung from
+    # userns.map on needs fail with EROFS (mnt_want_write, fs/namespace.c).
+    readonly_proc = "readonly_proc"
+    # /proc/sys is mounted read-only (Docker's default `readonlyPaths`): bwrap --disable-userns
+    # cannot write user.max_user_namespaces in its new user namespace (bubblewrap.c).
+    readonly_proc_sys = "readonly_proc_sys"
 
 
 # What each cause means for the verdict: `denied` is policy (a sysctl, an LSM, a filter, a limit),
@@ -77,6 +83,8 @@ _VERDICT: dict[Cause, Verdict] = {
     Cause.earlier_rung: Verdict.unknown,
     Cause.timeout: Verdict.unknown,
     Cause.trial_failed: Verdict.unknown,
+    Cause.readonly_proc: Verdict.denied,
+    Cause.readonly_proc_sys: Verdict.denied,
 }
 _DENIED_ERRNOS = frozenset({"EPERM", "EACCES", "ENOSPC", "EAGAIN", "EUSERS"})
 _UNSUPPORTED_ERRNOS = frozenset({"ENOSYS", "EINVAL", "ENOENT", "EOPNOTSUPP", "ENOTSUP"})
@@ -107,6 +115,10 @@ class Signals:
     kernel_userns: bool | None = None  # /proc/self/ns/user exists
     proc_masks: tuple[str, ...] = ()  # locked-looking mounts over /proc contents (Docker's masked paths)
     hidepid: str | None = None  # hidepid= option of the /proc mount
+    # The mount serving /proc/self (resp. /proc/sys/user) is read-only, per mount or per superblock,
+    # from the mount table (or statvfs ST_RDONLY); None: could not be read.
+    proc_readonly: bool | None = None
+    proc_sys_readonly: bool | None = None
     wsl: str | None = None  # "1" | "2" | None
     bwrap_setuid: bool = False
     nproc_limit: int | None = None  # RLIMIT_NPROC soft limit; None: unlimited or unknown
@@ -228,10 +240,15 @@ def _at(outcome: Outcome) -> str:
 def _causes(signals: Signals, rung: Rung, outcome: Outcome, succeeded: frozenset[Rung]) -> list[Cause]:
     """The candidates a working rung has not ruled out, strongest first."""
     out = []
+    # Our own map writes (userns.map) went through the same /proc: once they failed for real (the
+    # unshare before them worked), hidepid may be why; when they worked, it cannot be.
+    map_refused = Rung.userns in succeeded and Rung.userns_map not in succeeded
     for cause in _candidates(signals, rung, outcome):
         if Rung.userns in succeeded and cause in _USERNS_BLOCKERS:
             continue
-        if Rung.userns_map in succeeded and cause is Cause.apparmor:
+        if Rung.userns_map in succeeded and cause in (Cause.apparmor, Cause.readonly_proc):
+            continue
+        if cause is Cause.hidepid and rung is not Rung.userns_map and not map_refused:
             continue
         out.append(cause)
     return out
@@ -241,6 +258,17 @@ def _candidates(s: Signals, rung: Rung, o: Outcome) -> list[Cause]:
     """Every cause the signals support, strongest first."""
     out: list[Cause] = []
     no_admin = s.cap_sys_admin is False
+    # A read-only /proc refuses the setgroups/uid_map/gid_map writes (EROFS) that userns.map makes and
+    # that bwrap makes for every --unshare-user ("setting up uid map"); a read-only /proc/sys refuses
+    # --disable-userns's write of user.max_user_namespaces. With EROFS (or no errno) they are the
+    # strongest explanation; otherwise something failed earlier and they are only weaker ones.
+    readonly: list[Cause] = []
+    if s.proc_readonly and (rung is Rung.userns_map or rung in BWRAP_RUNGS):
+        readonly.append(Cause.readonly_proc)
+    if s.proc_sys_readonly and rung is Rung.disable_userns:
+        readonly.append(Cause.readonly_proc_sys)
+    if o.errno in ("EROFS", None):
+        out += readonly
     # WSL1 translates syscalls in a Windows driver: there are no Linux namespaces at all.
     if s.wsl == "1":
         out.append(Cause.wsl1)
@@ -272,16 +300,20 @@ def _candidates(s: Signals, rung: Rung, o: Outcome) -> list[Cause]:
     if s.seccomp == 2 and no_admin:
         out.append(Cause.seccomp)
     # A fresh procfs in a new user namespace is refused (EPERM) when the visible /proc has locked
-    # overmounts (fs/namespace.c mount_too_revealing): Docker's masked paths, or hidepid rules.
-    if rung is Rung.pidns_proc:
-        if s.proc_masks:
-            out.append(Cause.masked_proc)
-        if s.hidepid is not None:
-            out.append(Cause.hidepid)
+    # overmounts (fs/namespace.c mount_too_revealing -> mnt_already_visible): Docker's masked paths,
+    # a file bound over, a read-only /proc/sys. mnt_already_visible compares mount flags and locked
+    # children, never hidepid: hidepid=2 alone leaves this rung supported (6.18, observed).
+    if rung is Rung.pidns_proc and s.proc_masks:
+        out.append(Cause.masked_proc)
+    # hidepid's known failure is the uid map write (bubblewrap#198: "setting up uid map: Operation
+    # not permitted" with hidepid>=1); _causes keeps it only where a map write really failed.
+    if s.hidepid not in (None, "0", "off") and (rung is Rung.userns_map or rung in BWRAP_RUNGS):
+        out.append(Cause.hidepid)
     if s.euid == 0 and no_admin:
         out.append(Cause.no_cap_sys_admin)
     if rung in BWRAP_RUNGS and s.bwrap_setuid:
         out.append(Cause.setuid_bwrap)
+    out += [c for c in readonly if c not in out]
     return out
 
 
@@ -319,10 +351,20 @@ def _why(cause: Cause, s: Signals) -> str:
                     "and mount syscalls; run the container --privileged or with a profile that allows them")
         case Cause.masked_proc:
             shown = ", ".join(s.proc_masks[:3]) + (", ..." if len(s.proc_masks) > 3 else "")
-            return (f"/proc has masked sub-mounts ({shown}), so the kernel refuses a fresh procfs; "
-                    f"run privileged or with --security-opt systempaths=unconfined")
+            return (f"/proc has mounts over its contents ({shown}: masked or read-only), so the kernel "
+                    f"refuses a fresh procfs (mount_too_revealing); run privileged or with --security-opt "
+                    f"systempaths=unconfined")
         case Cause.hidepid:
-            return f"/proc is mounted hidepid={s.hidepid}, so a fresh procfs is refused; remount without it"
+            return (f"/proc is mounted hidepid={s.hidepid} and the uid map write was refused "
+                    f"(bubblewrap#198); remount /proc without hidepid")
+        case Cause.readonly_proc:
+            return ("/proc is mounted read-only, so the setgroups/uid_map writes a user namespace needs get "
+                    "EROFS; mount /proc read-write where the suite runs (a container: drop the read-only "
+                    "/proc)")
+        case Cause.readonly_proc_sys:
+            return ("/proc/sys is mounted read-only, so bwrap --disable-userns cannot write "
+                    "user.max_user_namespaces in its namespace; make /proc/sys writable (docker: "
+                    "--security-opt systempaths=unconfined)")
         case Cause.no_cap_sys_admin:
             return "root without CAP_SYS_ADMIN (a container's capability set); add it or run privileged"
         case Cause.setuid_bwrap:

@@ -96,6 +96,40 @@ def proc_mounts(mountinfo: str) -> tuple[tuple[str, ...], str | None]:
     return tuple(masks), hidepid
 
 
+def readonly_at(mountinfo: str, path: str) -> bool | None:
+    """Is the mount serving `path` read-only, per mount or per superblock (either refuses a write
+    with EROFS: mnt_want_write / sb_rdonly, fs/namespace.c)? None: no mount in the table covers it.
+    The serving mount is the one with the longest mount point at or above `path`; of a stack on one
+    mount point, the last listed (mounted on top)."""
+    best: tuple[int, bool] | None = None
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields, rfields = left.split(), right.split()
+        if len(fields) < 6 or len(rfields) < 2:
+            continue
+        point = _unescape(fields[4])
+        if not (path == point or point == "/" or path.startswith(point.rstrip("/") + "/")):
+            continue
+        ro = "ro" in fields[5].split(",") or (len(rfields) > 2 and "ro" in rfields[2].split(","))
+        if best is None or len(point) >= best[0]:
+            best = (len(point), ro)
+    return None if best is None else best[1]
+
+
+def _readonly(host: Host, mountinfo: str | None, path: str) -> bool | None:
+    """The mount table first; where it could not be read, statvfs(2)'s ST_RDONLY on the path."""
+    if mountinfo:
+        found = readonly_at(mountinfo, path)
+        if found is not None:
+            return found
+    try:
+        return bool(os.statvfs(host.proc / path.removeprefix("/proc/")).f_flag & os.ST_RDONLY)
+    except (FileNotFoundError, PermissionError, NotADirectoryError):
+        return None
+
+
 def _ns_inode(host: Host, name: str) -> int | None:
     try:
         link = os.readlink(host.proc / "self/ns" / name)
@@ -162,7 +196,8 @@ def gather_signals(host: Host, info: bwrap_probe.BwrapInfo | None = None) -> Sig
     proc = host.proc
     status = parse_status(_read(proc / "self/status") or "")
     label = _read(proc / "self/attr/apparmor/current") or _read(proc / "self/attr/current")
-    masks, hidepid = proc_mounts(_read(proc / "self/mountinfo") or "")
+    mountinfo = _read(proc / "self/mountinfo")
+    masks, hidepid = proc_mounts(mountinfo or "")
     user_ino = _ns_inode(host, "user")
     pids_max, pids_current, pids_cgroup = _pids(host)
     cap_eff = status.get("CapEff")
@@ -179,6 +214,9 @@ def gather_signals(host: Host, info: bwrap_probe.BwrapInfo | None = None) -> Sig
         kernel_userns=(proc / "self/ns/user").is_symlink() or (proc / "self/ns/user").exists(),
         proc_masks=masks,
         hidepid=hidepid,
+        # /proc/self is where the map writes go; /proc/sys/user holds max_user_namespaces.
+        proc_readonly=_readonly(host, mountinfo, "/proc/self"),
+        proc_sys_readonly=_readonly(host, mountinfo, "/proc/sys/user"),
         wsl=wsl_of(_read(proc / "sys/kernel/osrelease")),
         bwrap_setuid=bool(info and info.setuid),
         nproc_limit=_nproc_limit(host),
@@ -338,6 +376,7 @@ def _signal_evidence(s: Signals) -> dict[str, str]:
         "userns_initial": str(s.userns_initial),
         "proc_masks": ",".join(s.proc_masks) or "none",
         "hidepid": str(s.hidepid), "wsl": str(s.wsl), "bwrap_setuid": str(s.bwrap_setuid),
+        "/proc read-only": str(s.proc_readonly), "/proc/sys read-only": str(s.proc_sys_readonly),
         "RLIMIT_NPROC": str(s.nproc_limit), "pids.max": f"{s.pids_max} (current {s.pids_current})",
     }
 

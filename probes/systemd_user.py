@@ -102,8 +102,18 @@ def probe(host: Host) -> list[Finding]:
             env["DBUS_SESSION_BUS_ADDRESS"] = host.env["DBUS_SESSION_BUS_ADDRESS"]
         done = host.runner([systemctl, "--user", "show", "--property=Version", "--no-pager"],
                            timeout=min(CMD_TIMEOUT, host.timeout), env=env)
-        answered = done.ok
-        failure = "timed out" if done.timed_out else f"exit {done.returncode}: {done.stderr_tail(1)}"
+        # A manager that answered prints `Version=...` (systemctl(1) show --property). Exit 0 with no
+        # such line is not an answer: a wrapper or stub systemctl (containers ship `exit 0` ones)
+        # says nothing about a manager.
+        answered = done.ok and any(line.startswith("Version=") for line in done.stdout.splitlines())
+        if done.timed_out:
+            failure = "timed out"
+        elif done.ok and not answered:
+            printed = done.stdout.strip().splitlines()[:1]
+            failure = (f"exit 0 but no Version= in its output ({printed[0][:80]!r})" if printed
+                       else "exit 0 with no output (a stub systemctl?)")
+        else:
+            failure = f"exit {done.returncode}: {done.stderr_tail(1)}"
     o = Observed(
         booted=host.path("/run/systemd/system").is_dir(), pid1=comm,
         private=found_private, bus=found_bus,

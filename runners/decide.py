@@ -9,9 +9,14 @@ The rules (issue 4):
 - On a deployment host (signature matched, or configured but uncheckable): `auto` refuses and names
   both ways on (`--mode container`, `--mode native`); an explicit mode is the user meaning it.
 - No signature configured: `auto` proceeds, with a note saying the guard had nothing to check.
-- `auto` picks native when the host is Linux, bwrap creates a user and a network namespace here, we
+- `auto` picks native when the host is Linux, bwrap passes every ladder rung the reference launcher
+  needs (a user namespace with its maps, a network namespace, a pid namespace with a fresh /proc), we
   are not sandboxed and this is not a deployment host; else container when an engine is reachable;
-  else it refuses naming what is missing.
+  else it refuses naming what is missing, with the way on each probe's cause calls for (issue 12: a
+  host limitation the probe knows is a refusal, never a red run).
+- The platform probe's container detection is read: named in the reasons, and in a sandbox refusal
+  as one of the signals. It alone never refuses (a privileged CI container runs native fine; the
+  ladder says whether bwrap works in it).
 """
 
 from __future__ import annotations
@@ -27,8 +32,41 @@ SIGNATURE_HINT = ("declare one in /etc/sandbox-conformance/deployment.toml, "
                   "~/.config/sandbox-conformance/deployment.toml or $SANDBOX_CONFORMANCE_DEPLOYMENT_CONFIG")
 
 # The probe ids `decide` reads; run_cmd collects exactly these.
-NEEDED: tuple[str, ...] = ("platform", "bwrap", "userns", "userns.map", "netns", "sandboxed", "deployment",
-                           "container_engine", "systemd_user", "cgroup.delegation")
+NEEDED: tuple[str, ...] = ("platform", "bwrap", "userns", "userns.map", "netns", "pidns.proc",
+                           "disable_userns", "sandboxed", "deployment", "container_engine", "systemd_user",
+                           "cgroup.delegation")
+
+# The ladder rungs the reference launcher cannot start a task without (conformance/bwrap_argv.py:
+# --unshare-user always, --unshare-net for network none, --unshare-pid with --proc /proc for a
+# private pid namespace). `disable_userns` is not among them: the launcher passes --disable-userns
+# only where that probe saw it work, and the nested-userns witness then skips with the probe's reason.
+LAUNCHER_RUNGS: tuple[str, ...] = ("userns", "userns.map", "netns", "pidns.proc")
+
+# The way on for each ladder cause (probes/classify.py Cause ids). Causes that name no host setting
+# (unclassified, earlier_rung, timeout, trial_failed, not_effective) have none: the evidence is the way.
+CAUSE_WAY_ON: Mapping[str, str] = {
+    "apparmor": "let bwrap create user namespaces under AppArmor: a profile with `userns,` for it, or "
+                "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0",
+    "unprivileged_userns_clone": "allow unprivileged user namespaces: "
+                                 "sysctl -w kernel.unprivileged_userns_clone=1",
+    "max_user_namespaces": "allow user namespaces: sysctl -w user.max_user_namespaces=15000",
+    "seccomp": "in a container: --security-opt seccomp=unconfined --cap-add SYS_ADMIN (or --privileged)",
+    "no_cap_sys_admin": "in a container: --cap-add SYS_ADMIN (or --privileged)",
+    "masked_proc": "run where nothing is mounted over /proc contents (docker: --security-opt "
+                   "systempaths=unconfined; or unmount the masks in this mount namespace)",
+    "readonly_proc": "mount /proc read-write where the suite runs (in a container: drop its read-only /proc)",
+    "readonly_proc_sys": "make /proc/sys writable where the suite runs (docker: --security-opt "
+                         "systempaths=unconfined)",
+    "hidepid": "remount /proc without hidepid",
+    "nested": "run sandbox-conformance outside the sandbox that disabled nested user namespaces",
+    "wsl1": "use WSL2 (WSL1 has no Linux namespaces)",
+    "setuid_bwrap": "use a non-setuid bwrap with unprivileged user namespaces allowed",
+    "nproc": "raise RLIMIT_NPROC (ulimit -u) or end some of this user's processes",
+    "pids_max": "raise pids.max of this cgroup",
+    "no_bwrap": "install bubblewrap (>= 0.8): apt-get install bubblewrap",
+    "bwrap_too_old": "install bubblewrap >= 0.8",
+    "no_kernel_userns": "boot a kernel built with CONFIG_USER_NS=y",
+}
 
 # bwrap >= 0.8 has --disable-userns (it sets user.max_user_namespaces=1 in the sandbox's user
 # namespace, so a nested unshare(CLONE_NEWUSER) fails with ENOSPC); older sandboxes cannot have
@@ -86,15 +124,43 @@ def _version(bwrap: Finding) -> tuple[int, ...] | None:
         return None
 
 
+def _container(plat: Finding) -> str | None:
+    """"a docker container" when the platform probe detected one (its own weighing: a stray marker
+    alone is a conflict, not a container), else None."""
+    if plat.verdict is not Verdict.detected:
+        return None
+    return f"a {plat.facts.get('container') or 'container-other'} container"
+
+
+def _engine_boundary(engine: Finding) -> str | None:
+    """What the engine probe saw FROM HERE, as a boundary; None when the engine is reachable (then it
+    is no boundary, and saying "unreachable" would be false)."""
+    match engine.verdict:
+        case Verdict.supported:
+            return None
+        case Verdict.denied:
+            return "the container engine's socket refuses us from here"
+        case Verdict.unsupported if not engine.facts.get("cli"):
+            return "the container engine is unreachable from here (no docker or podman CLI on PATH)"
+        case Verdict.unsupported:
+            return "the container engine is unreachable from here (nothing listening)"
+        case _:
+            return "whether the container engine is reachable from here could not be told"
+
+
 def _sandbox_boundary(by: Mapping[str, Finding]) -> tuple[str, list[str]]:
-    """The refusal reason inside a sandbox, naming what the probes really saw, never a guess."""
+    """The refusal reason inside a sandbox, naming what the probes really saw, never a guess: which
+    probe decided it (the sandboxed probe's signals, the platform probe's container), then each
+    boundary that is really there."""
     sb, engine, userns, bwrap = by["sandboxed"], by["container_engine"], by["userns"], by["bwrap"]
     signals = [str(s) for s in sb.facts.get("signals", ())]
+    container = _container(by["platform"])
     parts: list[str] = []
     because: list[str] = []
-    if engine.verdict is not Verdict.supported:
-        parts.append("the container engine is unreachable")
-        because.append(f"container_engine: {engine.verdict}: {engine.reason}")
+    engine_boundary = _engine_boundary(engine)
+    if engine_boundary is not None:
+        parts.append(engine_boundary)
+    because.append(f"container_engine: {engine.verdict}: {engine.reason}")
     nested = (userns.facts.get("cause") == "nested"
               or (userns.verdict is not Verdict.supported and any("nest" in s for s in signals)))
     version = _version(bwrap)
@@ -113,9 +179,17 @@ def _sandbox_boundary(by: Mapping[str, Finding]) -> tuple[str, list[str]]:
         because.append(f"userns: {userns.verdict}: {userns.reason}")
     outer = "the suite would test the outer sandbox, not the one under test"
     boundary = " and ".join(parts) if parts else outer
-    sig = f" (signals: {', '.join(signals)})" if signals else ""
+    if engine_boundary is None:
+        # Reachable, and still refused: the sandbox decided it, not the engine.
+        boundary += (f" ({engine.facts.get('cli') or 'the container engine'} is reachable from here: "
+                     f"the engine is no boundary, the sandbox is)")
+    decided = [f"sandboxed probe: {', '.join(signals) or sb.verdict}"]
+    if container:
+        decided.append(f"platform probe: {container}")
+        because.append(f"platform: {by['platform'].reason}")
     because.append(f"sandboxed: {sb.reason}")
-    return f"running inside a sandbox{sig}: {boundary}; nesting is not supported under any --mode", because
+    return (f"running inside a sandbox (decided by the {'; '.join(decided)}): {boundary}; nesting is not "
+            f"supported under any --mode", because)
 
 
 def _not_linux(plat: Finding) -> str | None:
@@ -134,22 +208,61 @@ def _not_linux(plat: Finding) -> str | None:
     return None
 
 
-def _native_blockers(by: Mapping[str, Finding]) -> list[str]:
-    """What keeps auto from choosing native, one line each (empty: native is fine)."""
-    out: list[str] = []
+@dataclasses.dataclass(frozen=True)
+class Blocker:
+    """One thing that keeps auto from choosing native, and what would lift it (None: nothing we can
+    name beyond the probe's evidence)."""
+
+    probe: str  # the probe id that says so ("not_linux" for the platform's kernel check)
+    short: str  # "pidns.proc: denied (masked_proc)", for the one-line reason
+    line: str  # with the probe's reason, for a `because` line
+    way_on: str | None = None
+
+
+def _bwrap_way_on(bwrap: Finding) -> str | None:
+    path = bwrap.facts.get("path")
+    if bwrap.facts.get("executable") is False and path:
+        return f"make {path} executable (chmod 0755 {path}) or reinstall bubblewrap"
+    if bwrap.verdict is Verdict.unsupported and not path:
+        return CAUSE_WAY_ON["no_bwrap"]
+    return None
+
+
+def _native_blockers(by: Mapping[str, Finding]) -> list[Blocker]:
+    """What keeps auto from choosing native, one each (empty: native is fine)."""
+    out: list[Blocker] = []
     not_linux = _not_linux(by["platform"])
     if not_linux:
-        out.append(f"not Linux: {not_linux}")
-    if by["bwrap"].verdict is not Verdict.supported:
-        out.append(f"bwrap: {by['bwrap'].verdict}: {by['bwrap'].reason}")
-    for rung in ("userns", "userns.map", "netns"):
+        out.append(Blocker("platform", "not Linux", f"not Linux: {not_linux}", "run on Linux"))
+    bwrap = by["bwrap"]
+    if bwrap.verdict is not Verdict.supported:
+        out.append(Blocker("bwrap", f"bwrap: {bwrap.verdict}", f"bwrap: {bwrap.verdict}: {bwrap.reason}",
+                           _bwrap_way_on(bwrap)))
+    for rung in LAUNCHER_RUNGS:
         f = by[rung]
         if f.verdict is not Verdict.supported:
-            out.append(f"{rung}: {f.verdict}: {f.reason}")
+            cause = f.facts.get("cause")
+            short = f"{rung}: {f.verdict}" + (f" ({cause})" if cause else "")
+            # A rung untried for want of a runnable bwrap: the bwrap blocker's way on is the one
+            # (an installed bwrap with a broken mode needs chmod, not apt-get install).
+            way = None if cause == "no_bwrap" and bwrap.verdict is not Verdict.supported \
+                else CAUSE_WAY_ON.get(str(cause))
+            out.append(Blocker(rung, short, f"{short}: {f.reason}", way))
     sb = by["sandboxed"]
     if sb.verdict is not Verdict.not_detected:
-        out.append(f"sandboxed: {sb.verdict}: {sb.reason}")
+        out.append(Blocker("sandboxed", f"sandboxed: {sb.verdict}", f"sandboxed: {sb.verdict}: {sb.reason}"))
     return out
+
+
+def _refusal_ways_on(blockers: Sequence[Blocker], engine: Finding) -> list[str]:
+    """The ways on a probe's causes call for, each once, then the container alternative."""
+    ways = [b.way_on for b in blockers if b.way_on]
+    if not ways:
+        ways = ["see `sandbox-conformance probe` for each blocker's evidence"]
+    engine_way = ("make the container engine's socket usable (join its group, or a rootless engine) so "
+                  "--mode container can run" if engine.verdict is Verdict.denied
+                  else "or start docker/podman so --mode container can run")
+    return [*dict.fromkeys(ways), engine_way]
 
 
 def _engine_refusal(engine: Finding) -> str:
@@ -197,6 +310,8 @@ def decide(request: Request, findings: Sequence[Finding] | Mapping[str, Finding]
     ways_on_deployment = ["--mode container: run the suite in a privileged container on this host",
                           "--mode native: run it natively here, meaning it"]
     engine = by["container_engine"]
+    plat = by["platform"]
+    container = _container(plat)
 
     if mode is Mode.auto:
         if deployment_host:
@@ -205,18 +320,26 @@ def decide(request: Request, findings: Sequence[Finding] | Mapping[str, Finding]
         blockers = _native_blockers(by)
         if not blockers:
             resolved = Mode.native
-            reasons = ["auto: Linux, bwrap creates a user and a network namespace here, not sandboxed, "
-                       "not a deployment host"]
+            reasons = ["auto: Linux, bwrap creates user, network and pid namespaces (with a fresh /proc) "
+                       "here, not sandboxed, not a deployment host"]
+            if container:
+                reasons.append(f"inside {container} (platform: {plat.reason}): the suite tests bwrap as "
+                               "this container lets it run")
         elif engine.verdict is Verdict.supported:
             resolved = Mode.container
             reasons = [f"auto: native is not possible here, and {engine.facts.get('cli') or 'the engine'} "
-                       f"is reachable ({engine.reason})", *(f"native: {b}" for b in blockers)]
+                       f"is reachable ({engine.reason})", *(f"native: {b.line}" for b in blockers)]
+            if container:
+                reasons.append(f"inside {container} (platform: {plat.reason}): the native blockers are "
+                               "this container's limits")
         else:
-            return _refuse("auto found neither a native sandbox nor a reachable container engine",
-                           because=[*(f"native: {b}" for b in blockers),
+            where = f", inside {container}" if container else ""
+            return _refuse(f"auto found neither a native sandbox ({'; '.join(b.short for b in blockers)}) "
+                           f"nor a reachable container engine{where}",
+                           because=[*(f"native: {b.line}" for b in blockers),
+                                    *([f"platform: {plat.reason}"] if container else []),
                                     f"container: {_engine_refusal(engine)}"],
-                           ways_on=["install bubblewrap (>= 0.8) and allow unprivileged user namespaces",
-                                    "or start docker/podman so --mode container can run"],
+                           ways_on=_refusal_ways_on(blockers, engine),
                            notes=notes)
     elif mode is Mode.native:
         not_linux = _not_linux(by["platform"])
@@ -225,8 +348,16 @@ def decide(request: Request, findings: Sequence[Finding] | Mapping[str, Finding]
                            ways_on=["--mode container with docker or podman"], notes=notes)
         resolved = Mode.native
         reasons = ["--mode native given"]
+        if container:
+            reasons.append(f"inside {container} (platform: {plat.reason})")
         if dep_line:
             notes.append(f"{dep_line}; running natively because --mode native was given")
+        # The user means it; still say which known host limitation the reference launcher will meet,
+        # so a red run is never a mystery.
+        for b in _native_blockers(by):
+            if b.probe in ("bwrap", *LAUNCHER_RUNGS):
+                notes.append(f"--mode native given although {b.line}: the reference launcher's tasks "
+                             "cannot start here")
     elif mode is Mode.vm:
         # `auto` never picks the VM (slow under TCG, and it tests a borrowed kernel, not this one):
         # only an explicit --mode vm gets here. qemu and the image are checked by runners/vm_mode.py,
@@ -262,6 +393,14 @@ def decide(request: Request, findings: Sequence[Finding] | Mapping[str, Finding]
                                     "reason)",
                                     "log in with a systemd user session (or enable lingering) and retry"],
                            notes=notes)
+    nested = by["disable_userns"]
+    if resolved is Mode.native and nested.verdict is not Verdict.supported:
+        cause = nested.facts.get("cause")
+        way = CAUSE_WAY_ON.get(str(cause))
+        notes.append(f"disable_userns: {nested.verdict}" + (f" ({cause})" if cause else "")
+                     + f": {nested.reason}; the reference launcher runs without --disable-userns, so the "
+                     "nested-user-namespace witness is not tested (a failure under --require)"
+                     + (f"; way on: {way}" if way else ""))
     cg = by["cgroup.delegation"]
     if resolved is Mode.native and not request.delegate and cg.verdict is not Verdict.supported:
         notes.append(f"the cgroup witnesses cannot run natively here (cgroup.delegation: {cg.verdict}: "

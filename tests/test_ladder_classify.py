@@ -34,6 +34,13 @@ DOCKER_MOUNTINFO = PLAIN_MOUNTINFO + "".join(
     f"{30 + i} 23 0:5 /null {p} rw,nosuid - devtmpfs udev rw\n"
     for i, p in enumerate(("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sys", "/proc/bus")))
 HIDEPID_MOUNTINFO = PLAIN_MOUNTINFO.replace("proc proc rw", "proc proc rw,hidepid=invisible")
+# Issue 12's shapes, as `unshare -m` builds them on a real kernel (tests/test_host_shapes_proc.py):
+# `mount -o bind,ro /proc/sys /proc/sys`, `mount -o remount,bind,ro /proc`, and hidepid on top of a
+# masked file.
+RO_PROC_SYS_MOUNTINFO = PLAIN_MOUNTINFO + (
+    "25 23 0:22 /sys /proc/sys ro,nosuid,nodev,noexec,relatime - proc proc rw\n")
+RO_PROC_MOUNTINFO = PLAIN_MOUNTINFO.replace("/proc rw,nosuid", "/proc ro,nosuid")
+HIDEPID_MASKED_MOUNTINFO = HIDEPID_MOUNTINFO + "25 23 0:6 /null /proc/keys rw,nosuid - devtmpfs udev rw\n"
 
 # bwrap 0.8.0's own stderr lines for these shapes (kept as evidence; the classifier must not need them).
 NO_PERMISSION = ("bwrap: No permissions to creating new namespace, likely because the kernel does not "
@@ -47,6 +54,9 @@ NS_EPERM = "bwrap: Creating new namespace failed: Operation not permitted"
 NS_EINVAL = "bwrap: Creating new namespace failed: Invalid argument"
 NS_EAGAIN = "bwrap: Creating new namespace failed: Resource temporarily unavailable"
 TMPFS_EPERM = "bwrap: Failed to mount tmpfs: Operation not permitted"
+# bwrap 0.8.0 on 6.18 under a read-only /proc/sys and a read-only /proc (observed, issue 12).
+RO_SYS_LINE = "bwrap: cannot open /proc/sys/user/max_user_namespaces: Read-only file system"
+RO_MAP_LINE = "bwrap: setting up uid map: Read-only file system"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,9 +217,30 @@ SCENARIOS: dict[str, tuple[Shape, dict[str, Answer], dict[str, tuple[Verdict, st
         Shape(euid=0, cap_eff=ROOT_CAPS, seccomp=2, mountinfo=DOCKER_MOUNTINFO),
         {"pidns": fail(PROC_EPERM)},
         ladder_of(OK, OK, OK, (D, "masked_proc"), OK)),
-    "hidepid": (
+    # hidepid's known failure is the uid map write (bubblewrap#198, Debian 4.9): named there.
+    "hidepid refusing the uid map": (
+        Shape(mountinfo=HIDEPID_MOUNTINFO),
+        {"userns": {"uid_map": "EPERM"}, **every_bwrap(fail(UID_MAP_EPERM))},
+        ladder_of(OK, *[(D, "hidepid")] * 4)),
+    # mnt_already_visible never looks at hidepid: where our own map write worked, a procfs refusal is
+    # not hidepid's (hidepid=2 alone leaves pidns.proc supported on 6.18, observed).
+    "hidepid with the uid map working": (
         Shape(mountinfo=HIDEPID_MOUNTINFO), {"pidns": fail(PROC_EPERM)},
-        ladder_of(OK, OK, OK, (D, "hidepid"), OK)),
+        ladder_of(OK, OK, OK, (D, "unclassified"), OK)),
+    "hidepid over a masked file": (
+        Shape(mountinfo=HIDEPID_MASKED_MOUNTINFO), {"pidns": fail(PROC_EPERM)},
+        ladder_of(OK, OK, OK, (D, "masked_proc"), OK)),
+    # A read-only bind over /proc/sys: a locked sub-mount for the procfs rung, and --disable-userns
+    # cannot write max_user_namespaces (was: earlier_rung).
+    "read-only /proc/sys": (
+        Shape(euid=0, cap_eff=ROOT_CAPS, mountinfo=RO_PROC_SYS_MOUNTINFO),
+        {"pidns": fail(PROC_EPERM), "nested": fail(RO_SYS_LINE)},
+        ladder_of(OK, OK, OK, (D, "masked_proc"), (D, "readonly_proc_sys"))),
+    # A read-only /proc: every map write gets EROFS (was: unclassified, then earlier_rung).
+    "read-only /proc": (
+        Shape(euid=0, cap_eff=ROOT_CAPS, mountinfo=RO_PROC_MOUNTINFO),
+        {"userns": {"setgroups": "EROFS"}, **every_bwrap(fail(RO_MAP_LINE))},
+        ladder_of(OK, *[(D, "readonly_proc")] * 4)),
     # Inside `bwrap --unshare-user --disable-userns`: local sysctl INT_MAX, the parent's is 1.
     "nested under --disable-userns": (
         Shape(userns_ino=4026532179, max_user_namespaces=2147483647, no_new_privs=1),
@@ -315,6 +346,61 @@ def test_docker_reason_names_seccomp_and_cap_sys_admin(tmp_path: Path) -> None:
     assert by["userns"].facts["also"] == ["no_cap_sys_admin"]
 
 
+def test_hidepid_is_not_added_where_the_uid_map_worked(tmp_path: Path) -> None:
+    """Issue 12: hidepid over a masked file gave `also: [hidepid]`, though hidepid alone leaves the
+    rung supported; only a map write that really failed makes it a candidate."""
+    shape, answers, _ = SCENARIOS["hidepid over a masked file"]
+    host, _ = fake_host(tmp_path, shape, answers)
+    by = {f.probe: f for f in ladder.probe(host)}
+    assert by["pidns.proc"].facts["also"] == []
+    assert "/proc/keys" in by["pidns.proc"].reason
+
+
+def test_a_read_only_proc_sys_is_its_own_cause_with_bwraps_words_as_evidence(tmp_path: Path) -> None:
+    shape, answers, _ = SCENARIOS["read-only /proc/sys"]
+    host, _ = fake_host(tmp_path, shape, answers)
+    f = {f.probe: f for f in ladder.probe(host)}["disable_userns"]
+    assert (f.facts["cause"], f.facts["errno"]) == ("readonly_proc_sys", "EROFS")
+    assert f.evidence["stderr"] == RO_SYS_LINE
+    assert f.evidence["/proc/sys read-only"] == "True"
+    assert "systempaths=unconfined" in f.reason
+
+
+def test_a_read_only_proc_sys_is_classified_from_the_mount_table_not_the_words(tmp_path: Path) -> None:
+    shape = SCENARIOS["read-only /proc/sys"][0]
+    host, _ = fake_host(tmp_path, shape, {"pidns": fail(PROC_EPERM), "nested": fail("bwrap: ???")})
+    assert verdicts(ladder.probe(host))["disable_userns"] == (D, "readonly_proc_sys")
+    # The same words on a writable /proc/sys name no such cause.
+    host, _ = fake_host(tmp_path / "rw", Shape(), {"nested": fail(RO_SYS_LINE)})
+    assert verdicts(ladder.probe(host))["disable_userns"][1] == "unclassified"
+
+
+def test_a_read_only_proc_reason_names_it(tmp_path: Path) -> None:
+    shape, answers, _ = SCENARIOS["read-only /proc"]
+    host, _ = fake_host(tmp_path, shape, answers)
+    f = {f.probe: f for f in ladder.probe(host)}["userns.map"]
+    assert (f.facts["step"], f.facts["errno"]) == ("setgroups", "EROFS")
+    assert "/proc is mounted read-only" in f.reason
+
+
+@pytest.mark.parametrize(("mountinfo", "path", "expected"), [
+    (PLAIN_MOUNTINFO, "/proc/self", False),
+    (PLAIN_MOUNTINFO, "/proc/sys/user", False),
+    (RO_PROC_SYS_MOUNTINFO, "/proc/sys/user", True),
+    (RO_PROC_SYS_MOUNTINFO, "/proc/self", False),
+    (RO_PROC_SYS_MOUNTINFO, "/proc/system", False),  # component-wise, not a string prefix
+    (RO_PROC_MOUNTINFO, "/proc/self", True),
+    (RO_PROC_MOUNTINFO, "/proc/sys/user", True),
+    # ro in the superblock options refuses writes too
+    ("1 0 0:1 / / rw - ext4 /dev/sda rw\n2 1 0:2 / /proc rw - proc proc ro\n", "/proc/self", True),
+    # a stack on one mount point: the last listed is on top
+    (RO_PROC_MOUNTINFO + "40 23 0:40 / /proc rw,relatime - proc proc rw\n", "/proc/self", False),
+    ("", "/proc/self", None),
+])
+def test_readonly_at_reads_the_serving_mount(mountinfo: str, path: str, expected: bool | None) -> None:
+    assert ladder.readonly_at(mountinfo, path) is expected
+
+
 def test_process_signals_come_from_the_trial_user_not_from_us(tmp_path: Path) -> None:
     """As root we hold CAP_SYS_ADMIN (AppArmor's restriction exempts us); the user the trial ran as
     does not, and the userns child reports that: the cause must be apparmor."""
@@ -412,6 +498,8 @@ def test_wsl_from_osrelease(osrelease: str | None, wsl: str | None) -> None:
     (PROC_EPERM, "EPERM"),
     (UID_MAP_EPERM, "EACCES"),
     (NS_EAGAIN, "EAGAIN"),
+    (RO_SYS_LINE, "EROFS"),
+    (RO_MAP_LINE, "EROFS"),
     (NO_PERMISSION, None),
     ("", None),
 ])

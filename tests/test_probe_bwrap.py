@@ -4,6 +4,7 @@ capabilities, and --disable-userns confirmed by a trial launch."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import stat
@@ -86,6 +87,29 @@ def test_not_found_is_unsupported_without_a_launch(tmp_path: Path) -> None:
     [finding] = bwrap.probe(host)
     assert (finding.verdict, finding.facts["path"]) == (Verdict.unsupported, None)
     assert runner.calls == []
+
+
+def test_an_installed_bwrap_that_is_not_executable_is_named_with_its_mode(tmp_path: Path) -> None:
+    """Issue 12: shutil.which skips a file without X_OK, so this read "not found ... apt-get install
+    bubblewrap" while bwrap sat at its path with a broken mode."""
+    runner = Runner()
+    host = host_with(tmp_path, runner, mode=0o644)
+    f = only(host)
+    where = str(tmp_path / "bin/bwrap")
+    assert f.verdict is Verdict.denied
+    assert f.reason.startswith(f"bwrap found at {where} but not executable (mode -rw-r--r-- 0644)")
+    assert "apt-get install" not in f.reason
+    assert (f.facts["path"], f.facts["executable"]) == (where, False)
+    assert runner.calls == [], "nothing is launched that cannot be executed"
+
+
+def test_the_ladder_says_bwrap_could_not_be_run_not_that_it_is_missing(tmp_path: Path) -> None:
+    from probes import ladder
+
+    host = host_with(tmp_path, Runner(done(json.dumps({"unshare": None}) + "\n")), mode=0o644)
+    by = {f.probe: f for f in ladder.probe(host)}
+    assert by["netns"].facts["cause"] == "no_bwrap"
+    assert "not executable (mode -rw-r--r-- 0644)" in by["netns"].reason
 
 
 def test_a_bwrap_in_the_current_directory_is_never_used(tmp_path: Path,

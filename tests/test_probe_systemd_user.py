@@ -79,13 +79,13 @@ def test_linger_without_a_running_manager_is_named_as_such(fake):
     assert "although linger is enabled" in f.reason
 
 
-def reachable(fake: Fake, *, rc: int = 0) -> None:
+def reachable(fake: Fake, *, rc: int = 0, says: str = "Version=252") -> None:
     fake.booted()
     fake.file(f"/run/user/{UID}/systemd/private")
     fake.shim("systemctl", f"""\
         [ "$*" = "--user show --property=Version --no-pager" ] || exit 64
         [ "$XDG_RUNTIME_DIR" = "/run/user/{UID}" ] || exit 65
-        echo Version=252; exit {rc}
+        printf '%s' '{says}'; exit {rc}
         """)
     fake.shim("systemd-run", "exit 0\n")
 
@@ -126,6 +126,20 @@ def test_a_manager_socket_that_does_not_answer_is_unknown(fake):
     f = probe(fake.host())
     assert f.verdict is Verdict.unknown
     assert "did not answer" in f.reason
+
+
+@pytest.mark.parametrize(("says", "why"), [
+    ("", "exit 0 with no output"),
+    ("hello\n", "exit 0 but no Version= in its output ('hello')"),
+])
+def test_a_systemctl_that_exits_0_without_an_answer_is_not_a_reachable_manager(fake, says, why):
+    """Issue 12: a stub systemctl (`exit 0`, as container images ship) was read as a reachable user
+    manager."""
+    reachable(fake, says=says)
+    f = probe(fake.host())
+    assert f.verdict is Verdict.unknown
+    assert why in f.reason
+    assert f.facts["reachable"] is False
 
 
 def test_a_reachable_manager_without_systemd_run_is_unsupported(fake):

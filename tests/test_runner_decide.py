@@ -23,6 +23,8 @@ def host(**over: tuple[Verdict, dict[str, Any]] | Verdict) -> dict[str, Finding]
         "userns": (S, {}),
         "userns.map": (S, {}),
         "netns": (S, {}),
+        "pidns.proc": (S, {}),
+        "disable_userns": (S, {}),
         "sandboxed": (ND, {"signals": []}),
         "deployment": (UNK, {"configured": False, "matches": []}),
         "container_engine": (U, {"cli": None}),
@@ -44,6 +46,12 @@ WSL1 = (ND, {"os": "Ubuntu", "kernel": "4.4.0-19041-Microsoft", "wsl": "1"})
 MALFORMED = (UNK, {"configured": False, "errors": ["/etc/x.toml: Expected '=' (line 2)"]})
 NESTED = (D, {"cause": "nested", "errno": "ENOSPC"})
 SANDBOXED = (DET, {"signals": ["uid_map", "nested_userns_refused"]})
+# Issue 12's shapes, as the ladder reports them (probes/classify.py causes).
+MASKED_PROC = (D, {"cause": "masked_proc", "errno": "EPERM"})
+READONLY_PROC = (D, {"cause": "readonly_proc", "errno": "EROFS"})
+READONLY_PROC_SYS = (D, {"cause": "readonly_proc_sys", "errno": "EROFS"})
+IN_DOCKER = (DET, {"os": "Debian GNU/Linux 12 (bookworm)", "kernel": "6.18.0", "wsl": None,
+                   "container": "docker", "signals": ["declared:pid1:container=docker"]})
 
 
 def case(mode: str, expect: str | None, *, delegate: bool = False, **over: Any) -> Any:
@@ -61,6 +69,14 @@ TABLE = [
     case("auto", "container", platform=DARWIN, bwrap=U, userns=UNK, userns__map=UNK,
          netns=UNK, container_engine=ENGINE),
     case("auto", "container", sandboxed=UNK, container_engine=ENGINE),
+    # auto: every rung the reference launcher needs (issue 12: pidns.proc was not read)
+    case("auto", None, pidns__proc=MASKED_PROC),
+    case("auto", "container", pidns__proc=MASKED_PROC, container_engine=ENGINE),
+    case("auto", None, pidns__proc=UNK),
+    case("auto", None, userns__map=READONLY_PROC, netns=READONLY_PROC, pidns__proc=READONLY_PROC),
+    case("auto", "native", disable_userns=READONLY_PROC_SYS),  # the launcher drops the option: a skip
+    case("auto", "native", platform=IN_DOCKER),
+    case("auto", None, platform=IN_DOCKER, pidns__proc=MASKED_PROC),
     # auto: refusals
     case("auto", None, userns=D),
     case("auto", None, userns__map=D),
@@ -191,3 +207,109 @@ def test_print_mode_mentions_the_vm_when_the_cgroup_witnesses_cannot_run_nativel
     assert d.mode is Mode.native
     assert any("--mode vm" in n and "cgroup.delegation: unsupported" in n for n in d.notes)
     assert not any("--mode vm" in n for n in decide(Request(), host()).notes)
+
+
+# ------------------------------------------------------------------ issue 12: host shapes
+
+
+def test_a_masked_proc_refuses_auto_naming_pidns_proc_and_its_way_on() -> None:
+    """The probe already says pidns.proc denied cause=masked_proc: auto must not pick native (the
+    reference launcher's `--proc /proc` would fail every task, a red run of harness errors)."""
+    d = decide(Request(), host(pidns__proc=MASKED_PROC))
+    assert d.refused
+    assert "pidns.proc: denied (masked_proc)" in d.reason
+    assert any(r.startswith("native: pidns.proc: denied (masked_proc)") for r in d.reasons[1:])
+    assert any("systempaths=unconfined" in w for w in d.ways_on)
+    assert not any("install bubblewrap" in w for w in d.ways_on), "bwrap is installed here"
+    assert d.ways_on[-1].endswith("so --mode container can run")
+
+
+def test_a_masked_proc_with_a_reachable_engine_picks_container_and_says_why() -> None:
+    d = decide(Request(), host(pidns__proc=MASKED_PROC, container_engine=ENGINE))
+    assert d.mode is Mode.container
+    assert any("pidns.proc: denied (masked_proc)" in r for r in d.reasons)
+
+
+@pytest.mark.parametrize("rung", ["userns", "userns.map", "netns", "pidns.proc"])
+def test_every_rung_the_reference_launcher_needs_blocks_native(rung: str) -> None:
+    assert rung in NEEDED
+    d = decide(Request(), host(**{rung.replace(".", "__"): D}))
+    assert d.refused and f"{rung}: denied" in d.reason
+
+
+def test_a_read_only_proc_refusal_names_it_not_install_bubblewrap() -> None:
+    """Both of the old generic ways on were already true here: bwrap is installed and user namespaces
+    are allowed. The way on is the read-only /proc."""
+    d = decide(Request(), host(userns__map=READONLY_PROC, netns=READONLY_PROC, pidns__proc=READONLY_PROC))
+    assert d.refused
+    assert "userns.map: denied (readonly_proc)" in d.reason
+    assert any("/proc read-write" in w for w in d.ways_on)
+    assert not any("install bubblewrap" in w or "allow unprivileged" in w for w in d.ways_on)
+    assert len([w for w in d.ways_on if "/proc read-write" in w]) == 1, "each way on once"
+
+
+def test_disable_userns_that_does_not_work_is_a_note_not_a_blocker() -> None:
+    d = decide(Request(), host(disable_userns=(D, {"cause": "readonly_proc_sys"})))
+    assert d.mode is Mode.native
+    note = next(n for n in d.notes if n.startswith("disable_userns"))
+    assert "readonly_proc_sys" in note and "not tested" in note and "/proc/sys writable" in note
+
+
+def test_an_explicit_native_run_names_the_known_limitation_it_will_meet() -> None:
+    d = decide(Request(Mode.native), host(pidns__proc=MASKED_PROC))
+    assert d.mode is Mode.native
+    assert any("pidns.proc: denied (masked_proc)" in n and "cannot start" in n for n in d.notes)
+
+
+def test_a_bwrap_that_is_not_executable_is_named_with_its_way_on() -> None:
+    broken = (D, {"path": "/usr/bin/bwrap", "executable": False})
+    untried = (U, {"cause": "no_bwrap"})
+    d = decide(Request(), host(bwrap=broken, netns=untried, pidns__proc=untried))
+    assert d.refused
+    assert any("chmod 0755 /usr/bin/bwrap" in w for w in d.ways_on)
+    assert not any("apt-get install" in w for w in d.ways_on), "it is installed"
+
+
+def test_no_bwrap_at_all_still_says_install_it() -> None:
+    d = decide(Request(), host(bwrap=(U, {"path": None}), userns__map=S))
+    assert any("apt-get install bubblewrap" in w for w in d.ways_on)
+
+
+@pytest.mark.parametrize(("engine", "said"), [
+    ((D, {"cli": "docker", "socket": "unix:///var/run/docker.sock"}), "socket refuses us"),
+    ((UNK, {"cli": "docker"}), "could not be told"),
+    (ENGINE, "docker is reachable from here"),
+])
+def test_inside_a_sandbox_the_engine_is_never_called_unreachable_unless_it_is(
+        engine: tuple[Verdict, dict[str, Any]], said: str) -> None:
+    d = decide(Request(), host(sandboxed=SANDBOXED, userns=NESTED, container_engine=engine))
+    assert d.refused
+    assert said in d.reason
+    assert "unreachable" not in d.reason
+    # The boundary that decided it: the sandboxed probe, with the signals that fired.
+    assert "decided by the sandboxed probe: uid_map, nested_userns_refused" in d.reason
+
+
+def test_inside_a_sandbox_an_absent_engine_is_unreachable_from_here() -> None:
+    d = decide(Request(), host(sandboxed=SANDBOXED, userns=NESTED))
+    assert "the container engine is unreachable from here" in d.reason
+
+
+def test_the_platform_probes_container_is_read_by_the_decision() -> None:
+    """Issue 12: the platform probe's container detection was never read."""
+    native = decide(Request(), host(platform=IN_DOCKER))
+    assert native.mode is Mode.native
+    assert any("inside a docker container" in r for r in native.reasons)
+    refused = decide(Request(), host(platform=IN_DOCKER, pidns__proc=MASKED_PROC))
+    assert "inside a docker container" in refused.reason
+    sandboxed = decide(Request(), host(platform=IN_DOCKER, sandboxed=SANDBOXED, userns=NESTED))
+    assert "platform probe: a docker container" in sandboxed.reason
+    explicit = decide(Request(Mode.native), host(platform=IN_DOCKER))
+    assert any("inside a docker container" in r for r in explicit.reasons)
+
+
+def test_a_stray_marker_is_no_container_for_the_decision() -> None:
+    """The platform probe's own weighing stands: a conflict (not_detected) names no container."""
+    stray = (ND, {"os": "Debian", "kernel": "6.18.0", "wsl": None, "container": None, "conflict": True})
+    d = decide(Request(), host(platform=stray))
+    assert d.mode is Mode.native and not any("container" in r for r in d.reasons)
