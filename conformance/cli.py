@@ -59,7 +59,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout", type=float, default=30.0, metavar="SECONDS", help="per task launch (default 30)"
     )
+    p.add_argument(
+        "--host-cannot-observe",
+        metavar="WHY",
+        help="the launcher runs tasks where this host's kernel cannot see them (a remote engine, a VM-based "
+        "sandbox): promises about kernel state are then `not tested: WHY` (a failure under --require), "
+        "never judged on the task's own /proc",
+    )
     p.add_argument("--perturb", action="append", default=[], help=argparse.SUPPRESS)
+    # For our own control launchers (the reference sandbox with one thing changed): their tasks get the
+    # harness's cgroup leaf, as the reference launcher's do. Hidden: a user's launcher keeps its own.
+    p.add_argument("--harness-leaf", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after `--`: passed to pytest")
 
 
@@ -173,9 +183,16 @@ def _validate(args: argparse.Namespace) -> tuple[profile_mod.Profile, Any]:
     if not prof.promises():
         raise UsageError(f"{prof.source}: (profile): expected at least one promise the suite can witness")
     try:
-        launcher = external(args.launcher) if args.launcher else None
+        # `--launcher ''` is a mistake, not a request for the built-in sandbox.
+        launcher = external(args.launcher) if args.launcher is not None else None
     except ValueError as e:
         raise UsageError(str(e)) from None
+    for flag, value in (("--junitxml", args.junitxml), ("--json", args.json)):
+        if value is not None and value != "-":
+            check_writable(flag, value)
+    why = getattr(args, "host_cannot_observe", None)
+    if why is not None and not why.strip():
+        raise UsageError("--host-cannot-observe: say why the host cannot see the task")
     check_as_user(args.as_user)
     perturb = set(args.perturb) | {p for p in os.environ.get(PERTURB_ENV, "").split(",") if p}
     unknown = perturb - set(bwrap_argv.PERTURBATIONS)
@@ -191,6 +208,19 @@ def _validate(args: argparse.Namespace) -> tuple[profile_mod.Profile, Any]:
     if args.timeout <= 0:
         raise UsageError("--timeout: expected a positive number of seconds")
     return prof, launcher
+
+
+def check_writable(flag: str, value: str) -> None:
+    """An output file that cannot be written is bad input, said before the suite runs (not a traceback
+    after it, with a PASS already printed)."""
+    path = Path(value)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise UsageError(f"{flag} {value}: is a directory")
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {value}: no such directory {parent}")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{flag} {value}: not writable")
 
 
 def _plugin_registered() -> bool:
@@ -237,6 +267,10 @@ def main(args: argparse.Namespace) -> int:
         argv += ["--sbxc-profile", str(Path(args.profile).resolve())]
     if args.launcher:
         argv += ["--sbxc-launcher", args.launcher]
+    if getattr(args, "harness_leaf", False):
+        argv += ["--sbxc-harness-leaf"]
+    if getattr(args, "host_cannot_observe", None):
+        argv += ["--sbxc-host-cannot-observe", args.host_cannot_observe]
     if args.as_user:
         argv += ["--sbxc-as-user", args.as_user]
     if args.require:
@@ -318,6 +352,10 @@ def main(args: argparse.Namespace) -> int:
                     "observations": dict(t.doc),
                     # the task's cgroup leaf as the host saw it (None: no leaf)
                     "cgroup": dict(t.cgroup) if t.cgroup is not None else None,
+                    # the task's process as the host's kernel showed it (conformance/observer.py)
+                    "host_view": t.seen.to_json() if t.seen is not None else None,
+                    "host_view_missing": t.unobserved or t.unseen,
+                    "left_running": list(t.survivors),
                 }
                 for t in tasks
             ],

@@ -100,7 +100,7 @@ USER_TMP_WRITABLE = _w("test_a_sibling_in_the_per_user_temp_stays_writable")
 ONLY_LO = _w("test_the_task_sees_only_the_loopback_interface")
 NO_TCP = _w("test_the_task_cannot_reach_the_hosts_tcp_listener")
 NO_ABSTRACT = _w("test_the_task_cannot_reach_the_hosts_abstract_unix_socket")
-NESTED_USERNS = _w("test_a_nested_user_namespace_is_refused")
+NESTED_USERNS = _w("test_a_nested_user_namespace_is_refused_by_every_door")
 PIDS_INVISIBLE = _w("test_host_pids_are_invisible_to_the_task")
 PID_1 = _w("test_pid_1_is_the_sandboxs_init")
 IPC = _w("test_the_ipc_namespace_is_private")
@@ -109,6 +109,14 @@ NO_CAPS = _w("test_the_task_has_no_capabilities")
 NNP = _w("test_no_new_privs_is_set")
 ENV_ALLOWLIST = _w("test_only_allowlisted_environment_keys_arrive")
 ENV_SECRET = _w("test_the_launchers_secret_does_not_reach_the_task")
+USR_MOUNTS_RO = _w("test_every_mount_beneath_a_read_only_path_is_read_only[/usr]")
+STATE_MOUNTS_RO = _w("test_every_mount_beneath_a_read_only_path_is_read_only[{state}]")
+ENV_SET = _w("test_the_environment_set_by_the_profile_is_exactly_that")
+OWN_NETNS = _w("test_the_task_has_a_network_namespace_of_its_own")
+ALIASES = _w("test_no_mount_shows_a_protected_host_path_under_any_name")
+WRITE_SURFACE = _w("test_every_writable_host_mount_is_a_declared_writable_path")
+KERNEL_VIEW = _w("test_the_tasks_proc_shows_the_kernels_state")
+LEFTOVERS = _w("test_nothing_the_launch_started_outlives_the_task")
 CGROUP_OWN_LEAF = _w("test_the_task_runs_in_its_own_cgroup_leaf")
 CGROUP_OOM = _w("test_an_allocation_past_memory_max_is_oom_killed")
 CGROUP_PIDS = _w("test_forking_past_pids_max_fails_with_eagain")
@@ -122,38 +130,41 @@ CONTROLS: tuple[Control, ...] = (
         perturb="mask_dropped",
         # Nothing can be created there still: the mask lies under the read-only {state} bind, so
         # without the mask a create gets EROFS from the bind. That witness is the mask_writable one's.
-        reddens=(MASKED_TMPFS, MASKED_CANARY),
+        # The host's reading of the mount table names the same exposure (at the path itself).
+        reddens=(MASKED_TMPFS, MASKED_CANARY, ALIASES),
     ),
     Control(
         "mask_writable",
         "the masked directory is an empty but writable tmpfs",
         perturb="mask_writable",
-        reddens=(MASKED_TMPFS, MASKED_CREATE),
+        # A writable tmpfs beneath the read-only {state}: the same one thing, seen in the mount table.
+        reddens=(MASKED_TMPFS, MASKED_CREATE, STATE_MOUNTS_RO),
     ),
     Control(
         "control_rw",
         "the control directory is bound read-write",
         perturb="control_rw",
-        reddens=(CONTROL_APPEND, CONTROL_PLANT, CONTROL_UNLINK),
+        # A read-write bind of host storage beneath {state}, seen in the task's mount table too.
+        reddens=(CONTROL_APPEND, CONTROL_PLANT, CONTROL_UNLINK, STATE_MOUNTS_RO, WRITE_SURFACE),
     ),
     Control(
         "control_scoped_per_user",
         "the read-only control bind covers the user's whole tree, so the neighbour task's control "
         "directory is visible",
         perturb="control_scoped_per_user",
-        reddens=(NEIGHBOUR_ABSENT,),
+        reddens=(NEIGHBOUR_ABSENT, ALIASES),
     ),
     Control(
         "other_user_bound",
         "another user's subtree is bound in",
         perturb="other_user_bound",
-        reddens=(OTHER_USER_ABSENT,),
+        reddens=(OTHER_USER_ABSENT, ALIASES),
     ),
     Control(
         "network_shared",
         "the host's network namespace is shared",
         perturb="network_shared",
-        reddens=(ONLY_LO, NO_TCP, NO_ABSTRACT),
+        reddens=(ONLY_LO, NO_TCP, NO_ABSTRACT, OWN_NETNS),
     ),
     Control(
         "nested_userns_enabled",
@@ -213,8 +224,9 @@ CONTROLS: tuple[Control, ...] = (
         "control_swapped",
         "the neighbour task's control directory is bound (read-only) where this task's should be",
         launcher_args=("--append=--ro-bind", "--append={neighbour_control}", "--append={control}"),
-        # Append, plant and unlink still meet a read-only bind: only the content is wrong.
-        reddens=(CONTROL_READABLE,),
+        # Append, plant and unlink still meet a read-only bind: only the content is wrong. The host's
+        # reading of the mount table names it: the neighbour's (absent) directory, under this name.
+        reddens=(CONTROL_READABLE, ALIASES),
     ),
     Control(
         "read_only_stale",
@@ -224,14 +236,15 @@ CONTROLS: tuple[Control, ...] = (
             "--append={neighbour_control}/system_prompt.txt",
             "--append={state}/config.toml",
         ),
-        reddens=(STATE_READABLE,),
+        # The stale copy IS the neighbour's control file: an alias of an absent path.
+        reddens=(STATE_READABLE, ALIASES),
     ),
     Control(
         "state_file_writable",
         "one file of the read-only state tree is bound read-write",
         launcher_args=("--append=--bind", "--append={state}/config.toml", "--append={state}/config.toml"),
         # The witness appends zero bytes (conformance/plan.py): the refusal is at open(2).
-        reddens=(STATE_EROFS,),
+        reddens=(STATE_EROFS, STATE_MOUNTS_RO, WRITE_SURFACE),
     ),
     Control(
         "usr_writable",
@@ -240,7 +253,7 @@ CONTROLS: tuple[Control, ...] = (
         # The witness's plant REACHES the host's /usr here (as root; EACCES as an unprivileged user,
         # still not EROFS): the harness removes it by its nonce after the launch (conformance/harness.py),
         # as it does for the unsandboxed baseline.
-        reddens=(USR_EROFS,),
+        reddens=(USR_EROFS, USR_MOUNTS_RO, WRITE_SURFACE),
     ),
     Control(
         "cgroup_tree_bound",
@@ -260,6 +273,104 @@ CONTROLS: tuple[Control, ...] = (
         launcher_args=("--join",),
         reddens=(NNP,),
     ),
+    # ---- adversaries (issue 11): sandboxes built to pass a checker that trusts the wrong observer ----
+    Control(
+        "alias_host_root",
+        "the host's / is also bound (read-only) at /hostroot, where the masked canary, the neighbour's "
+        "control directory and the other user's tree can all be read",
+        launcher_args=("--append=--ro-bind", "--append=/", "--append=/hostroot"),
+        reddens=(ALIASES,),
+        collateral=(
+            Collateral(
+                WRITE_SURFACE,
+                "the alias carries the host's own submounts along; one that stays read-write there (a "
+                "container engine's data root, say) is host storage the task can write",
+            ),
+        ),
+    ),
+    Control(
+        "read_only_subdir_writable",
+        "/usr is read-only at the top, but /usr/local beneath it is bound read-write",
+        launcher_args=("--append=--bind", "--append=/usr/local", "--append=/usr/local"),
+        # The witness's plant reaches the host's /usr/local as root (EACCES as a user): removed by its
+        # nonce after the launch, like usr_writable's.
+        reddens=(USR_EROFS, USR_MOUNTS_RO, WRITE_SURFACE),
+    ),
+    Control(
+        "forged_proc",
+        "the host's ipc and uts namespaces are shared and capabilities kept, behind a /proc that shows "
+        "none of it (no capabilities, NoNewPrivs, private namespace ids)",
+        launcher_args=(
+            "--forge-proc",
+            "--drop=--unshare-ipc",
+            "--drop=--unshare-uts",
+            "--drop=--hostname",
+            "--drop=sbxc-task",
+            "--drop=--cap-drop",
+            "--drop=ALL",
+            # As root bwrap keeps capabilities unless told; an unprivileged caller's task keeps none
+            # unless asked (bwrap(1), --cap-add).
+            "--append=--cap-add",
+            "--append=ALL",
+        ),
+        # The forged /proc lists no processes: PID 1 cannot be seen inside either.
+        reddens=(IPC, UTS, NO_CAPS, KERNEL_VIEW, PID_1),
+    ),
+    Control(
+        "nesting_one_door",
+        "no --disable-userns; a seccomp filter refuses unshare(2) alone, so clone(2) and clone3(2) with "
+        "CLONE_NEWUSER still create a user namespace",
+        launcher_args=("--seccomp-refuse=unshare", "--drop=--disable-userns"),
+        reddens=(NESTED_USERNS,),
+    ),
+    Control(
+        "secret_as_value",
+        "the launcher's secret is passed as the value of an allowlisted key (LANG)",
+        launcher_args=("--leak-secret-as=LANG",),
+        reddens=(ENV_SECRET, ENV_SET),
+    ),
+    Control(
+        "stale_control",
+        "a control directory left by another run (same file names, same shape, another nonce) is bound "
+        "where this task's should be",
+        launcher_args=("--stale-control",),
+        reddens=(CONTROL_READABLE,),
+    ),
+    Control(
+        "daemon_left_behind",
+        "the launcher leaves a daemon running (double fork, a session of its own) after the task exits",
+        launcher_args=("--leave-daemon",),
+        reddens=(LEFTOVERS,),
+    ),
+    Control(
+        "forged_document",
+        "no sandbox and no task: the launcher prints the document a perfect sandbox would, echoing this "
+        "launch's nonce and creating the files the writable witnesses look for",
+        launcher_args=("--forge-document",),
+        reddens=(
+            MASKED_TMPFS,
+            USR_MOUNTS_RO,
+            STATE_MOUNTS_RO,
+            OWN_NETNS,
+            PIDS_INVISIBLE,
+            PID_1,
+            IPC,
+            UTS,
+            NO_CAPS,
+            NNP,
+            ENV_ALLOWLIST,
+            ENV_SECRET,
+            ENV_SET,
+            ALIASES,
+            WRITE_SURFACE,
+            KERNEL_VIEW,
+        ),
+        collateral=(
+            Collateral(MASKED_CANARY, "the forger reads the host's files for every path it is asked about"),
+            Collateral(NEIGHBOUR_ABSENT, "the forger cannot tell an absent path from a read-only one"),
+            Collateral(OTHER_USER_ABSENT, "the forger cannot tell an absent path from a read-only one"),
+        ),
+    ),
 )
 
 UNCONTROLLED: tuple[Uncontrolled, ...] = (
@@ -274,7 +385,18 @@ UNCONTROLLED: tuple[Uncontrolled, ...] = (
 # Witnesses that check something the sandbox must ALLOW (a readable or writable path): a task with no
 # sandbox at all passes them, so the unsandboxed baseline does not require them red.
 AVAILABILITY: frozenset[str] = frozenset(
-    key(t) for t in (USR_READABLE, STATE_READABLE, WORKDIR_WRITABLE, CONTROL_READABLE, USER_TMP_WRITABLE)
+    key(t)
+    for t in (
+        USR_READABLE,
+        STATE_READABLE,
+        WORKDIR_WRITABLE,
+        CONTROL_READABLE,
+        USER_TMP_WRITABLE,
+        # Honesty, not isolation: a task with no sandbox at all shows the kernel's state truthfully and
+        # leaves nothing behind. Their own controls are forged_proc and daemon_left_behind.
+        KERNEL_VIEW,
+        LEFTOVERS,
+    )
 )
 # Witnesses of the task's cgroup leaf: the harness, not the sandbox, makes the leaf and writes its
 # limits (conformance/harness.py), so a task with no sandbox at all still has them. The unsandboxed

@@ -30,6 +30,8 @@ from conformance.controls_judge import Result, Status, Verdict
 from probes.run import Completed, Runner, minimal_env, run
 from runners.errors import EXIT_FAIL, EXIT_OK, Refusal, UsageError, check_as_user
 
+REQUIRE_ENV = "SANDBOX_CONFORMANCE_REQUIRE"
+
 # A witness run takes well under a second here (one launch serves every witness); the bound is for a
 # wedged sandbox, and `witness` bounds each launch itself (--timeout).
 RUN_TIMEOUT = 120.0
@@ -149,6 +151,9 @@ def plan(
             continue
         prefix = catalogue.launcher_prefix(c, disable_userns=disable_userns)
         extra = ("--perturb", c.perturb) if c.perturb else ("--launcher", prefix or "")
+        if c.launcher_args is not None:
+            # The reference sandbox with one thing changed: its tasks get the harness's leaf too.
+            extra += ("--harness-leaf",)
         todo.append(Planned(c, extra, catalogue.collateral(c, disable_userns=disable_userns)))
     return todo, skipped
 
@@ -449,4 +454,21 @@ def main(args: argparse.Namespace) -> int:
     else:
         for line in human(report, controls):
             print(line)
-    return report.exit_code
+    return required(report)
+
+
+def required(report: Report, env: Mapping[str, str] = os.environ) -> int:
+    """Under SANDBOX_CONFORMANCE_REQUIRE=1 a control that could not mean anything here, or a witness
+    that never ran, is a failure: CI that must prove everything cannot pass on what it skipped."""
+    if env.get(REQUIRE_ENV, "") in ("", "0") or report.exit_code != EXIT_OK:
+        return report.exit_code
+    missing = [
+        f"control {v.control} not applicable: {v.reason}"
+        for v in report.verdicts
+        if v.status is Status.not_applicable
+    ]
+    if not report.partial:  # with --only the coverage table is partial by request
+        missing += [f"witness {c.test} not run: {c.detail}" for c in report.coverage if c.status == "not_run"]
+    for m in missing:
+        print(f"controls: required ({REQUIRE_ENV}=1): {m}", file=sys.stderr)
+    return EXIT_FAIL if missing else EXIT_OK

@@ -13,8 +13,10 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -24,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from conformance import bwrap_argv, cgroup_leaf, layout, plan
+from conformance import bwrap_argv, cgroup_leaf, layout, observer, plan
 from conformance.launch import (
     REFERENCE,
     SECRET_ENV,
@@ -114,11 +116,18 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         perturbations: frozenset[str] = frozenset(),
         guard: Mapping[str, Finding] | None = None,
         bwrap: str | None = None,
+        unobservable: str | None = None,
+        harness_leaf: bool = False,
     ) -> None:
+        """`unobservable`: the launcher runs tasks where this host's kernel cannot see them (a remote
+        engine, a VM-based sandbox), and why. No handshake is made; every promise about kernel state
+        is then `not tested` with that reason, never judged on the task's own word."""
         self.profile, self.launcher, self.as_user = profile, launcher, as_user
         self.timeout, self.perturbations = timeout, perturbations
         self._guard = dict(guard) if guard is not None else None
         self._bwrap = bwrap
+        self.unobservable = unobservable
+        self.harness_leaf = harness_leaf
         self._stack = contextlib.ExitStack()
         self._tasks: dict[str, plan.Task | HarnessError] = {}
         self.layout: layout.Layout | None = None
@@ -165,6 +174,8 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             tcp_targets=targets,
             abstract_name=abstract,
             secret_key=SECRET_ENV,
+            secret_value=f"sbxc-secret-{nonce}",
+            cgroup=_own_cgroup(),
         )
 
     @property
@@ -250,16 +261,49 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             raise cached
         return cached
 
+    @property
+    def leaves_by_harness(self) -> bool:
+        return self.launcher.kind == "reference" or self.harness_leaf
+
+    def protected(self) -> list[observer.Protected]:
+        """Host paths whose content must be reachable under no name inside the task."""
+        assert self.layout is not None
+        values, fs = self.layout.values(), self.profile.filesystem
+        return [observer.Protected(t, expand(t, values)) for t in (*fs.masked, *fs.absent)]
+
     def _launch(self) -> plan.Task:
         if self.layout is None or self.host is None:
             raise HarnessError("witness session used outside its `with` block")
         lay, values = self.layout, self.layout.values()
         spec_file = layout.write_spec(lay, self.spec())
         argv = self.argv()
-        env = minimal_env({SPEC_ENV: str(spec_file), SECRET_ENV: f"sbxc-secret-{lay.nonce}"})
+        env = minimal_env({SPEC_ENV: str(spec_file), SECRET_ENV: self.host.secret_value})
         cgroup: dict[str, Any] | None = None
         root, _ = self.cgroup_root()
-        the_plan = plan.build(self.profile, values, lay.nonce, self.host, task_uid=lay.owner_uid)
+        if not self.leaves_by_harness:
+            # The harness makes and enters a leaf only for its own sandbox. Any other launcher's
+            # limits are its own promise, judged on the cgroup the host sees the task in.
+            root = None
+        launch_nonce = secrets.token_hex(8)
+        tag = None if self.unobservable else observer.tag(launch_nonce)
+        watch = observer.Watch(
+            tag or "", launch_nonce, protected=self.protected(), host_namespaces=self.host.namespaces
+        )
+        # The task waits at most this long for the host to release it; the launch's own timeout
+        # must leave room for the rest of the task after it.
+        handshake = max(1.0, min(10.0, self.timeout / 3))
+        build = functools.partial(
+            plan.build,
+            self.profile,
+            values,
+            lay.nonce,
+            self.host,
+            task_uid=lay.owner_uid,
+            launch_nonce=launch_nonce,
+            tag=tag,
+            handshake_seconds=handshake,
+        )
+        the_plan = build()
         after: dict[str, str | None] = {}
         try:
             with contextlib.ExitStack() as leaf_stack:
@@ -272,16 +316,23 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
                     # entered by the shim before the launcher (or setpriv) executes; both killed and
                     # removed on the way out, whatever happened.
                     lim = self.profile.limits
-                    neighbour = leaf_stack.enter_context(cgroup_leaf.task_leaf(
-                        root, cgroup_leaf.unique_name("neighbour"),
-                        cgroup_leaf.Limits(memory_max=lim.memory_max or NEIGHBOUR_MEMORY_MAX,
-                                           pids_max=lim.pids_max or NEIGHBOUR_PIDS_MAX)))
+                    neighbour = leaf_stack.enter_context(
+                        cgroup_leaf.task_leaf(
+                            root,
+                            cgroup_leaf.unique_name("neighbour"),
+                            cgroup_leaf.Limits(
+                                memory_max=lim.memory_max or NEIGHBOUR_MEMORY_MAX,
+                                pids_max=lim.pids_max or NEIGHBOUR_PIDS_MAX,
+                            ),
+                        )
+                    )
                     limits = cgroup_leaf.Limits(memory_max=lim.memory_max, pids_max=lim.pids_max)
                     if "limits_dropped" in self.perturbations:
                         # The negative control: the leaf is made and entered, nothing is written.
                         limits = cgroup_leaf.Limits(swap_max=None)
-                    leaf = leaf_stack.enter_context(cgroup_leaf.task_leaf(
-                        root, cgroup_leaf.unique_name("task"), limits))
+                    leaf = leaf_stack.enter_context(
+                        cgroup_leaf.task_leaf(root, cgroup_leaf.unique_name("task"), limits)
+                    )
                     if "leaf_not_entered" not in self.perturbations:
                         argv = (*leaf.enter_argv(), *argv)
                     neighbour_before = _read(neighbour.path / "memory.max")
@@ -289,8 +340,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
                         # Only a profile with [limits] is asked about them: the trials, the tree and
                         # its kill. Without the promise the leaf still holds the task, untested.
                         trials = plan.cgroup_trials(self.profile, values, lay.nonce, str(neighbour.path))
-                        the_plan = plan.build(self.profile, values, lay.nonce, self.host,
-                                              task_uid=lay.owner_uid, cgroup=trials)
+                        the_plan = build(cgroup=trials)
                         killer = _TreeKill(leaf, Path(trials["tree_marker"]), timeout=self.timeout)
                         leaf_stack.callback(killer.stop)
                         killer.start()
@@ -303,6 +353,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
                     timeout=self.timeout,
                     cwd=str(lay.root),
                     runner=runner,
+                    hooks={"on_line": watch.on_line, "after_exit": watch.after_exit},
                 )
                 if leaf is not None:
                     if killer is not None:
@@ -329,6 +380,8 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
                 if after[p] is not None and not Path(p).is_relative_to(lay.root):
                     with contextlib.suppress(OSError):
                         os.unlink(p)
+        check_document(self.launcher.name, doc, the_plan)
+        unobserved = self.unobservable
         return plan.Task(
             doc=doc,
             plan=the_plan,
@@ -338,7 +391,38 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             launcher=self.launcher.name,
             argv=argv,
             cgroup=cgroup,
+            seen=watch.seen,
+            unobserved=unobserved and f"the host cannot observe this task ({unobserved})",
+            # A document with no live task behind it: every kernel-state witness fails saying so.
+            unseen=None if watch.seen is not None else f"no live task seen from the host: {watch.why_not}",
+            survivors=tuple(watch.survivors or ()),
+            host_devices=watch.host_devices,
         )
+
+
+def check_document(name: str, doc: Mapping[str, Any], the_plan: plan.Plan) -> None:
+    """The document answers THIS launch's plan, or the launch is a harness error: a recorded
+    document replayed by a launcher carries another launch's nonce, and one that answers other ops
+    would otherwise surface as a KeyError in some witness."""
+    if doc.get("launch_nonce") != the_plan.launch_nonce:
+        raise HarnessError(
+            f"{name}: the witness document is not from this launch (nonce {doc.get('launch_nonce')!r}, "
+            f"expected {the_plan.launch_nonce!r})"
+        )
+    answered = {
+        (o.get("op"), o.get("path")) for o in doc.get("ops", []) if isinstance(o, dict) and "result" in o
+    }
+    missing = [f"{o['op']} {o['path']}" for o in the_plan.ops if (o["op"], o["path"]) not in answered]
+    if missing:
+        raise HarnessError(
+            f"{name}: the witness document does not answer the plan: no {missing[0]}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
+
+
+def _own_cgroup() -> str:
+    text = Path("/proc/self/cgroup").read_text()
+    return next((line[3:] for line in text.splitlines() if line.startswith("0::")), "")
 
 
 def _read(path: Path) -> str | None:

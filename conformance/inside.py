@@ -11,12 +11,21 @@ import ctypes
 import errno
 import json
 import os
+import signal
 import socket
+import struct
 import sys
 import time
 
 VERSION = 1
 CLONE_NEWUSER = 0x10000000  # <linux/sched.h>
+SIGCHLD = 17
+PR_SET_NAME, PR_GET_NO_NEW_PRIVS = 15, 39  # <linux/prctl.h>
+PROC_SUPER_MAGIC = 0x9FA0  # <linux/magic.h>
+LINUX_CAPABILITY_VERSION_3 = 0x20080522  # <linux/capability.h>
+# clone3 has one number on every architecture (asm-generic/unistd.h); clone's differs.
+SYS_CLONE3 = 435
+SYS_CLONE = {"x86_64": 56, "aarch64": 220, "riscv64": 220, "s390x": 120, "ppc64le": 120}
 STATUS_KEYS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp", "Uid", "Gid")
 NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "user", "uts")
 
@@ -189,21 +198,117 @@ def connect_abstract(name):
         s.close()
 
 
-def environment_keys():
+def environment():
     # /proc/self/environ is the environment the task was exec'd with; os.environ is not: CPython's
     # locale coercion (PEP 538) adds LC_CTYPE to it after start-up, which the sandbox did not pass.
     with open("/proc/self/environ", "rb") as f:
         raw = f.read()
-    return sorted(set(kv.split(b"=", 1)[0].decode("utf-8", "replace") for kv in raw.split(b"\0") if kv))
+    out = {}
+    for kv in raw.split(b"\0"):
+        if kv:
+            k, _, v = kv.decode("utf-8", "replace").partition("=")
+            out[k] = v
+    return out
+
+
+def kernel_view():
+    # What the task can learn from syscalls rather than from /proc files the sandbox may have forged:
+    # capget(2), prctl(PR_GET_NO_NEW_PRIVS), getpid(2), and statfs(2) of /proc (a real procfs says
+    # PROC_SUPER_MAGIC; a bind of some other tree at /proc does not).
+    libc = ctypes.CDLL(None, use_errno=True)
+    out = {"pid": os.getpid()}
+    header = ctypes.create_string_buffer(struct.pack("Ii", LINUX_CAPABILITY_VERSION_3, 0))
+    data = ctypes.create_string_buffer(24)
+    if libc.capget(header, data) == 0:
+        e0, p0, i0, e1, p1, i1 = struct.unpack("6I", data.raw)
+        out["caps"] = {
+            "CapEff": "%016x" % (e1 << 32 | e0),
+            "CapPrm": "%016x" % (p1 << 32 | p0),
+            "CapInh": "%016x" % (i1 << 32 | i0),
+        }
+    else:
+        out["caps"] = {"error": errno.errorcode.get(ctypes.get_errno(), "?")}
+    nnp = libc.prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0)
+    out["no_new_privs"] = nnp if nnp >= 0 else "error: " + errno.errorcode.get(ctypes.get_errno(), "?")
+    buf = ctypes.create_string_buffer(256)  # struct statfs starts with f_type, a C long
+    if libc.statfs(b"/proc", buf) == 0:
+        out["proc_magic"] = "%x" % (ctypes.c_ulong.from_buffer(buf).value & 0xFFFFFFFF)
+    else:
+        out["proc_magic"] = "error: " + errno.errorcode.get(ctypes.get_errno(), "?")
+    return out
+
+
+def handshake(plan):
+    # The host-side observer (conformance/observer.py) finds this process by its comm, reads its
+    # kernel state from the host's /proc while it waits here, then releases it with SIGUSR1. SIGUSR1
+    # is blocked first, so a release that comes early waits as pending (sigtimedwait(2)).
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NAME, ctypes.c_char_p(plan["tag"].encode()), 0, 0, 0) != 0:
+        return {"error": "prctl(PR_SET_NAME): " + errno.errorcode.get(ctypes.get_errno(), "?")}
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+    sys.stdout.write(json.dumps({"sbxc_ready": plan["launch_nonce"]}) + "\n")
+    sys.stdout.flush()
+    start = time.monotonic()
+    got = signal.sigtimedwait([signal.SIGUSR1], plan["handshake_seconds"])
+    return {"released": got is not None, "waited": round(time.monotonic() - start, 3)}
+
+
+def _errno():
+    return errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+
+
+def _forked(libc, number, *args):
+    # clone(2)/clone3(2) without CLONE_VM and with no new stack behave like fork(2): the child returns
+    # 0 on a copy of our stack. It must leave at once, touching nothing (os._exit skips every
+    # handler); the parent reaps it.
+    libc.syscall.restype = ctypes.c_long
+    pid = libc.syscall(ctypes.c_long(number), *args)
+    if pid == 0:
+        os._exit(0)
+    if pid < 0:
+        return {"ok": False, "errno": _errno()}
+    os.waitpid(pid, 0)
+    return {"ok": True, "errno": None}
+
+
+def door_clone(libc):
+    number = SYS_CLONE.get(os.uname().machine)
+    if number is None:
+        return {"ok": False, "errno": None, "error": "no clone(2) number known for " + os.uname().machine}
+    return _forked(
+        libc,
+        number,
+        ctypes.c_ulong(CLONE_NEWUSER | SIGCHLD),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+    )
+
+
+def door_clone3(libc):
+    # struct clone_args (linux/sched.h, CLONE_ARGS_SIZE_VER0 = 64): flags, pidfd, child_tid,
+    # parent_tid, exit_signal, stack, stack_size, tls.
+    args = ctypes.create_string_buffer(struct.pack("8Q", CLONE_NEWUSER, 0, 0, 0, SIGCHLD, 0, 0, 0))
+    return _forked(libc, SYS_CLONE3, args, ctypes.c_ulong(64))
+
+
+def door_unshare(libc):
+    # Last of all: on success it moves this process into a new user namespace. unshare(2) fails with
+    # EINVAL in a multithreaded process; this program starts no threads.
+    if libc.unshare(CLONE_NEWUSER) != 0:
+        return {"ok": False, "errno": _errno()}
+    return {"ok": True, "errno": None}
 
 
 def nested_userns():
-    # Last observation of all: on success it moves this process into a new user namespace.
-    # unshare(2) fails with EINVAL in a multithreaded process; this program starts no threads.
+    # Every door to a new user namespace, each on its own: a seccomp filter that refuses unshare(2)
+    # alone leaves clone(2) and clone3(2) open.
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWUSER) != 0:
-        return {"ok": False, "errno": errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))}
-    return {"ok": True, "errno": None}
+    doors = {}
+    for name, door in (("clone", door_clone), ("clone3", door_clone3), ("unshare", door_unshare)):
+        doors[name] = observe(door, libc)
+    return doors
 
 
 # ---- cgroup trials (plan["cgroup"], present only when the harness gave the task a leaf) ----------
@@ -351,7 +456,12 @@ def observe(fn, *args):
 
 
 def main(plan):
-    doc = {"version": VERSION, "task_id": plan.get("task_id"), "complete": False}
+    doc = {
+        "version": VERSION,
+        "task_id": plan.get("task_id"),
+        "complete": False,
+        "launch_nonce": plan.get("launch_nonce"),
+    }
     doc["ops"] = [dict(op, result=observe(do_op, op)) for op in plan.get("ops", [])]
     doc["mountinfo"] = observe(mountinfo)
     doc["status"] = observe(status)
@@ -370,8 +480,11 @@ def main(plan):
     doc["pid"] = os.getpid()
     doc["processes"] = observe(processes)
     doc["hostname"] = observe(socket.gethostname)
-    doc["environment_keys"] = observe(environment_keys)
+    doc["environment"] = observe(environment)
     doc["cwd"] = observe(os.getcwd)
+    doc["kernel"] = observe(kernel_view)
+    if plan.get("tag"):
+        doc["handshake"] = observe(handshake, plan)
     cg = plan.get("cgroup")
     marker = cgroup_trials(cg, doc) if cg else None
     if plan.get("nested_userns", True):

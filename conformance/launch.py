@@ -142,5 +142,8 @@ def launch(
     timeout: float,
     runner: Runner = run,
     cwd: str | None = None,
+    hooks: Mapping[str, Callable[..., None]] | None = None,
 ) -> dict[str, Any]:
-    return parse_document(name, runner(argv, timeout=timeout, input=program, env=env, cwd=cwd))
+    """`hooks`: on_line / after_exit for probes.run.run (the host-side observer's handshake)."""
+    done = runner(argv, timeout=timeout, input=program, env=env, cwd=cwd, **dict(hooks or {}))
+    return parse_document(name, done)

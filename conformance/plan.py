@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from conformance.observer import Seen
 from conformance.profile import Profile, expand
 
 PLANT = ".sbxc-plant-"  # a file the task tries to create where it must not
@@ -33,6 +34,8 @@ class HostView:
     tcp_targets: tuple[tuple[str, int], ...]
     abstract_name: str
     secret_key: str
+    secret_value: str = ""
+    cgroup: str = ""  # the harness's own cgroup v2 path (its /proc/self/cgroup `0::` line)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +49,12 @@ class Plan:
     host_checks: tuple[str, ...] = ()
     # The cgroup trials (see cgroup_trials), or None when the task gets no leaf.
     cgroup: Mapping[str, Any] | None = None
+    # One launch, one document: a fresh nonce the document must echo, and the comm the task takes so
+    # the host-side observer (conformance/observer.py) can find it. No tag: no handshake (the host
+    # was declared unable to see the task).
+    launch_nonce: str = ""
+    tag: str | None = None
+    handshake_seconds: float = 10.0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +65,9 @@ class Plan:
             "unix_abstract": list(self.unix_abstract),
             "nested_userns": self.nested_userns,
             "cgroup": dict(self.cgroup) if self.cgroup is not None else None,
+            "launch_nonce": self.launch_nonce,
+            "tag": self.tag,
+            "handshake_seconds": self.handshake_seconds,
         }
 
 
@@ -68,6 +80,8 @@ def _host_files(path: str, owner: int | None = None) -> list[str]:
                 e.name
                 for e in it
                 if e.is_file(follow_symlinks=False)
+                # Not another run's plant (a concurrent control may have one in /usr for a moment).
+                and not e.name.startswith((PLANT, WRITE))
                 and (owner is None or e.stat(follow_symlinks=False).st_uid == owner)
             )
     except (FileNotFoundError, NotADirectoryError, PermissionError):
@@ -111,6 +125,36 @@ def cgroup_trials(
     }
 
 
+# How deep, and how many directories, the read-only witnesses try to write beneath a read-only path:
+# a read-write bind of a subdirectory under a read-only one is the mistake a write at the top misses.
+DEPTH_DIRS, DEPTH = 8, 5
+
+
+def _below(path: str, skip: tuple[str, ...]) -> list[str]:
+    """Up to DEPTH_DIRS real directories beneath `path` on the host, breadth first, leaving out those
+    at or under `skip` (paths with promises of their own: writable, masked, absent)."""
+    found: list[str] = []
+    level = [path]
+    for _ in range(DEPTH):
+        nxt = []
+        for d in level:
+            try:
+                with os.scandir(d) as it:
+                    subs = sorted(e.path for e in it if e.is_dir(follow_symlinks=False))
+            except OSError:
+                continue
+            for sub in subs:
+                if any(sub == s or sub.startswith(s.rstrip("/") + "/") for s in skip):
+                    continue
+                nxt.append(sub)
+        found += nxt
+        if len(found) >= DEPTH_DIRS:
+            break
+        level = nxt
+    # Spread over the depths: the deepest directories are where a stray bind would sit.
+    return sorted(found, key=lambda p: (-p.count("/"), p))[:DEPTH_DIRS]
+
+
 def build(
     profile: Profile,
     values: Mapping[str, str],
@@ -118,6 +162,10 @@ def build(
     host: HostView,
     task_uid: int | None = None,
     cgroup: Mapping[str, Any] | None = None,
+    *,
+    launch_nonce: str = "",
+    tag: str | None = None,
+    handshake_seconds: float = 10.0,
 ) -> Plan:
     """Ops in three phases (look, then try to write, then try to remove), so a broken sandbox that
     lets a write through cannot change what a later look sees."""
@@ -139,23 +187,30 @@ def build(
             ops("read", f"{p}/{name}", look)
         ops("create", f"{p}/{PLANT}{nonce}", write, data=nonce)
         checks.append(f"{p}/{PLANT}{nonce}")
-    for p in map(lambda x: expand(x, values), fs.read_only):
+    own_promises = tuple(
+        expand(x, values)
+        for x in (*fs.writable, *fs.masked, *fs.absent, task.workdir, task.user_tmp, task.control)
+        if x is not None
+    )
+    for template, p in ((x, expand(x, values)) for x in fs.read_only):
         ops("stat", p, look)
         if os.path.isdir(p):
             ops("list", p, look)
             files = [f"{p}/{n}" for n in _host_files(p)]
-            ops("create", f"{p}/{PLANT}{nonce}", write, data=nonce)
-            checks.append(f"{p}/{PLANT}{nonce}")
+            for d in [p, *_below(p, tuple(o for o in own_promises if o != p))]:
+                if d != p:
+                    ops("stat", d, look)  # a directory hidden inside refuses with ENOENT: say so
+                ops("create", f"{d}/{PLANT}{nonce}", write, data=nonce, read_only=template)
+                checks.append(f"{d}/{PLANT}{nonce}")
         else:
             files = [p] if os.path.exists(p) else []
         for f in files[:1]:
             ops("read", f, look)
-        # Only a file the task's user owns: otherwise EACCES (file modes) would answer for the mount.
-        # Zero bytes: the refusal is at open(O_WRONLY|O_APPEND); a broken sandbox must not be able to
-        # make us damage a real host file.
-        owned = [f for f in files[:1] if task_uid is None or os.stat(f).st_uid == task_uid]
-        for f in owned:
-            ops("append", f, write, data="")
+            # Zero bytes: the refusal is at open(O_WRONLY|O_APPEND); a broken sandbox must not be able
+            # to make us damage a real host file. A file the task's user does not own is tried too:
+            # file modes may answer first there (EACCES), which the witness accepts for that file only.
+            owned = task_uid is None or os.stat(f).st_uid == task_uid
+            ops("append", f, write, data="", read_only=template, owned=owned)
     for p in map(lambda x: expand(x, values), fs.writable):
         ops("create", f"{p}/{WRITE}{nonce}", write, data=nonce)
         checks.append(f"{p}/{WRITE}{nonce}")
@@ -167,7 +222,12 @@ def build(
         ops("stat", c, look)
         ops("list", c, look)
         for name in task.control_files:
-            ops("read", f"{c}/{name}", look)
+            # What the host seeded, read now: the task may be able to remove it (a broken sandbox).
+            try:
+                seeded: str | None = Path(f"{c}/{name}").read_text(errors="replace")[:4096]
+            except OSError:
+                seeded = None
+            ops("read", f"{c}/{name}", look, expect=seeded)
             ops("append", f"{c}/{name}", write, data=f"appended {nonce}\n")
             ops("unlink", f"{c}/{name}", remove)
         ops("create", f"{c}/{PLANT}{nonce}", write, data=nonce)
@@ -185,6 +245,9 @@ def build(
         nested_userns=profile.nested_userns.value == "refused",
         host_checks=tuple(checks),
         cgroup=cgroup,
+        launch_nonce=launch_nonce,
+        tag=tag,
+        handshake_seconds=handshake_seconds,
     )
 
 
@@ -208,6 +271,13 @@ class Task:
     # The task's cgroup leaf as the host saw it after the launch (cgroup_leaf.summary: path,
     # memory_events, pids_events, oom_kill, cgroup_path), or None when no usable root exists.
     cgroup: Mapping[str, Any] | None = None
+    # The host-side observer (conformance/observer.py): the task's process as the host's kernel showed
+    # it while the task waited, or None with `unobserved` saying why; what the launch left running.
+    seen: Seen | None = None
+    unobserved: str | None = None
+    unseen: str | None = None
+    survivors: tuple[Mapping[str, Any], ...] = ()
+    host_devices: frozenset[str] = frozenset()
 
     def result(self, op: str, path: str) -> Mapping[str, Any]:
         for o in self.doc.get("ops", []):

@@ -58,6 +58,14 @@ class Settings:
     perturbations: frozenset[str]
     require: bool
     expected_skips: dict[str, str] | None  # None: no expected-skips file given
+    host_cannot_observe: str | None = None  # why the host cannot see the launcher's tasks
+    harness_leaf: bool = False  # an external launcher's tasks get the harness's cgroup leaf too
+
+    @property
+    def leaves_by_harness(self) -> bool:
+        """The harness makes and enters each task's cgroup leaf: for its own sandbox only. Any other
+        launcher's limits are that sandbox's own promise (conformance/harness.py)."""
+        return self.launcher.kind == "reference" or self.harness_leaf
 
 
 _settings_key = pytest.StashKey[Settings]()
@@ -92,6 +100,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="FILE",
         help="`test id | reason` lines; the run fails unless the skipped witnesses equal the list",
     )
+    group.addoption(
+        "--sbxc-host-cannot-observe",
+        dest="sbxc_host_cannot_observe",
+        default=None,
+        metavar="WHY",
+        help="the launcher's tasks run where this host's kernel cannot see them: kernel-state promises "
+        "are not tested, with WHY",
+    )
+    group.addoption(
+        "--sbxc-harness-leaf",
+        dest="sbxc_harness_leaf",
+        action="store_true",
+        default=False,
+        help=argparse.SUPPRESS,
+    )
     # For the negative controls (issue 6): flip ONE thing in the reference sandbox. Hidden.
     group.addoption(
         "--sbxc-perturb", dest="sbxc_perturb", action="append", default=[], help=argparse.SUPPRESS
@@ -107,6 +130,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "cgroup: a witness of the per-task cgroup leaf and its limits (select with `-m cgroup`)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "harness_leaf: a witness of what the harness does with a leaf it made (deselected for a "
+        "launcher that keeps its own cgroups)",
     )
     config.stash[_skipped_key] = {}
     config.stash[_tasks_key] = []
@@ -174,6 +202,8 @@ def settings(config: pytest.Config) -> Settings:
         perturbations=perturb,
         require=bool(config.getoption("sbxc_require")) or os.environ.get(REQUIRE_ENV, "") not in ("", "0"),
         expected_skips=expected,
+        host_cannot_observe=config.getoption("sbxc_host_cannot_observe"),
+        harness_leaf=bool(config.getoption("sbxc_harness_leaf")),
     )
     config.stash[_settings_key] = s
     return s
@@ -219,10 +249,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     witnesses = [i for i in items if _family(i) is not None]
     if not witnesses:
         return
-    made = set(settings(config).profile.promises())
+    s = settings(config)
+    made = set(s.profile.promises())
     # A promise the profile does not make is not tested: deselected, not skipped, so the require
     # switch and the expected-skips list only ever see skips that mean "could not witness here".
-    drop = [i for i in witnesses if _family(i) not in made]
+    # Likewise what the harness does with a leaf it made (kill its tree, keep a neighbour out) is no
+    # promise of a sandbox that keeps its own cgroups.
+    drop = [
+        i
+        for i in witnesses
+        if _family(i) not in made or (i.get_closest_marker("harness_leaf") and not s.leaves_by_harness)
+    ]
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = [i for i in items if i not in drop]
@@ -232,7 +269,8 @@ def _note(item: pytest.Item, report: pytest.TestReport, name: str, value: str) -
     """A property on this phase's report (the witness command reads it live) and on the item: pytest's
     junitxml writes only the teardown report's user_properties, which it copies from the item
     (_pytest/junitxml.py), so a JUnit reader (the negative controls) sees it too."""
-    report.user_properties.append((name, value))
+    if (name, value) not in report.user_properties:  # the teardown report starts as the item's copy
+        report.user_properties.append((name, value))
     if (name, value) not in item.user_properties:
         item.user_properties.append((name, value))
 
@@ -256,7 +294,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         reason = reason.removeprefix("Skipped: ")
         item.config.stash[_skipped_key][skip_key(item.nodeid)] = reason
-        listed = s.expected_skips is not None and skip_key(item.nodeid) in s.expected_skips
+        # Listed means the id AND the reason: a witness that starts skipping for another reason than
+        # the one accepted is a new skip (the listed reason must appear in the actual one).
+        listed = (
+            s.expected_skips is not None
+            and skip_key(item.nodeid) in s.expected_skips
+            and s.expected_skips[skip_key(item.nodeid)] in reason
+        )
         if s.require and not listed:
             report.outcome = "failed"
             report.longrepr = (
@@ -277,6 +321,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     seen = {skip_key(i.nodeid) for i in session.items}
     problems = [
         f"new skip (not listed): {k}: {skipped[k]}" for k in sorted(set(skipped) - set(s.expected_skips))
+    ]
+    problems += [
+        f"skipped for another reason than listed: {k}: {skipped[k]!r} does not contain "
+        f"{s.expected_skips[k]!r}"
+        for k in sorted(set(skipped) & set(s.expected_skips))
+        if s.expected_skips[k] not in skipped[k]
     ]
     for k in sorted(set(s.expected_skips) - set(skipped)):
         problems.append(f"listed skip ran: {k}" if k in seen else f"listed skip no longer exists: {k}")
@@ -311,6 +361,8 @@ def sbxc_session(pytestconfig: pytest.Config, sbxc_settings: Settings) -> Iterat
         timeout=s.timeout,
         perturbations=s.perturbations,
         guard=guard(pytestconfig),
+        unobservable=s.host_cannot_observe,
+        harness_leaf=s.harness_leaf,
     ) as session:
         yield session
 

@@ -59,12 +59,22 @@ class Caps(enum.StrEnum):
     any = enum.auto()  # no promise made
 
 
+class WriteSurface(enum.StrEnum):
+    # Every read-write mount that reaches host storage is a declared writable path (or scratch).
+    declared = enum.auto()
+    any = enum.auto()  # no promise made: the sandbox confines no filesystem (unshare(1))
+
+
 @dataclasses.dataclass(frozen=True)
 class Filesystem:
     read_only: tuple[str, ...] = ()
     masked: tuple[str, ...] = ()
     writable: tuple[str, ...] = ()
     absent: tuple[str, ...] = ()
+    # Read-write mounts the sandbox makes for this task alone on host storage (a container's
+    # /etc/hosts, its /dev/shm): part of the declared write surface, listed so a reader sees them.
+    scratch: tuple[str, ...] = ()
+    write_surface: WriteSurface = WriteSurface.declared
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +121,8 @@ class Profile:
     task: Task = Task()
     network: NetworkMode = NetworkMode.host
     nested_userns: Nested = Nested.allowed
+    # How every door to a nested user namespace must be refused; empty: any errno.
+    nested_errno: tuple[str, ...] = ()
     namespaces: Namespaces = Namespaces()
     process: Process = Process()
     environment: Environment = Environment()
@@ -125,9 +137,18 @@ class Profile:
             "read_only": bool(fs.read_only),
             "writable": bool(fs.writable),
             "absent": bool(fs.absent),
+            # A masked path's content and an absent path are reachable under no other name either.
+            "aliases": bool(fs.masked or fs.absent),
             "control": t.control is not None,
             "user_tmp": t.user_tmp is not None,
             "network": self.network is NetworkMode.none,
+            # Every profile, unless it says it confines no filesystem: the host reads the task's real
+            # mount table for read-write mounts of host storage nobody declared.
+            "write_surface": fs.write_surface is WriteSurface.declared,
+            # Kernel state seen from inside agrees with the host's reading, and nothing the launch
+            # started outlives the task: every profile.
+            "kernel_view": True,
+            "leftovers": True,
             "nested_userns": self.nested_userns is Nested.refused,
             "pid": ns.pid is Sharing.private,
             "ipc": ns.ipc is Sharing.private,
@@ -135,6 +156,7 @@ class Profile:
             "capabilities": pr.capabilities is Caps.none,
             "no_new_privs": pr.no_new_privs,
             "environment": self.environment.allow is not None,
+            "environment_set": bool(self.environment.set),
             # A profile with a [limits] section promises a cgroup leaf per task; each limit its own
             # family, so a profile that sets only one of them is not asked about the other.
             "cgroup": self.limits.memory_max is not None or self.limits.pids_max is not None,
@@ -165,10 +187,10 @@ def expand(text: str, values: Mapping[str, str]) -> str:
 
 _SCHEMA: dict[str, frozenset[str]] = {
     "profile": frozenset({"name", "description"}),
-    "filesystem": frozenset({"read_only", "masked", "writable", "absent"}),
+    "filesystem": frozenset({"read_only", "masked", "writable", "absent", "scratch", "write_surface"}),
     "task": frozenset({"control", "control_files", "user_tmp", "workdir"}),
     "network": frozenset({"mode"}),
-    "userns": frozenset({"nested"}),
+    "userns": frozenset({"nested", "errno"}),
     "namespaces": frozenset({"pid", "ipc", "uts", "hostname"}),
     "process": frozenset({"capabilities", "no_new_privs", "init"}),
     "environment": frozenset({"allow", "set"}),
@@ -176,6 +198,7 @@ _SCHEMA: dict[str, frozenset[str]] = {
 }
 _SIZE = re.compile(r"^(\d+)([KMGT]?)$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ERRNO = re.compile(r"^E[A-Z0-9]+$")
 
 
 class _Reader:
@@ -258,7 +281,12 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
     description = r.text("profile.description", meta["description"]) if "description" in meta else ""
 
     fs = r.section("filesystem")
-    filesystem = Filesystem(**{k: r.paths(f"filesystem.{k}", fs[k]) for k in fs})
+    filesystem = Filesystem(
+        **{k: r.paths(f"filesystem.{k}", fs[k]) for k in fs if k != "write_surface"},
+        write_surface=r.choice("filesystem.write_surface", fs["write_surface"], WriteSurface)
+        if "write_surface" in fs
+        else WriteSurface.declared,
+    )
 
     t = r.section("task")
     control_files: tuple[str, ...] = ()
@@ -290,6 +318,14 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
     network = r.choice("network.mode", net["mode"], NetworkMode) if "mode" in net else NetworkMode.host
     uns = r.section("userns")
     nested = r.choice("userns.nested", uns["nested"], Nested) if "nested" in uns else Nested.allowed
+    nested_errno: tuple[str, ...] = ()
+    if "errno" in uns:
+        v = uns["errno"]
+        if not isinstance(v, list) or not v or not all(isinstance(x, str) and _ERRNO.match(x) for x in v):
+            raise r.fail("userns.errno", 'a non-empty list of errno names such as ["ENOSPC", "EPERM"]', v)
+        if nested is not Nested.refused:
+            raise r.fail("userns.errno", 'userns.nested = "refused" (an errno says how it is refused)')
+        nested_errno = tuple(v)
 
     ns = r.section("namespaces")
     namespaces = Namespaces(
@@ -352,6 +388,7 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
         task=task,
         network=network,
         nested_userns=nested,
+        nested_errno=nested_errno,
         namespaces=namespaces,
         process=process,
         environment=environment,

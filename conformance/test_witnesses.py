@@ -13,9 +13,11 @@ import os
 import pytest
 
 from conformance.harness import WitnessSession
+from conformance.observer import Seen
 from conformance.plan import PLANT, WRITE, Task
 from conformance.plugin import Settings, settings
 from conformance.profile import expand
+from probes import mountinfo
 
 witness = pytest.mark.witness
 PATH_FAMILIES = {
@@ -42,6 +44,33 @@ def _control(task: Task, sbxc_settings: Settings) -> str:
     return _p(task, sbxc_settings.profile.task.control)
 
 
+def _seen(task: Task) -> Seen:
+    """The task's process as the host's kernel showed it. Where the host was declared unable to see
+    the task, a kernel-state promise is not tested (a skip, a failure under --require): never judged
+    on what the task's own, sandbox-controlled /proc says."""
+    if task.seen is None:
+        if task.unobserved:
+            pytest.skip(task.unobserved)
+        # Not a harness error: a launcher that prints a document with no live task behind it is the
+        # broken (or hostile) sandbox this witness exists for.
+        raise AssertionError(task.unseen or "no live task seen from the host")
+    return task.seen
+
+
+def _host_ns(task: Task, name: str) -> str:
+    value = _seen(task).namespaces.get(name, "error: not read")
+    assert not value.startswith("error"), (
+        f"cannot tell the task's {name} namespace: the host's /proc/PID/ns/{name} gave {value}"
+    )
+    return value
+
+
+def _mounts(task: Task) -> tuple[mountinfo.Mount, ...]:
+    mounts = _seen(task).mounts
+    assert not isinstance(mounts, str), f"cannot tell the task's mount table: the host's read gave {mounts}"
+    return mounts
+
+
 def _created(task: Task, directory: str, prefix: str) -> tuple[str, str]:
     """The file the plan had the task create in `directory` (path, content)."""
     [op] = [
@@ -60,10 +89,17 @@ def _created(task: Task, directory: str, prefix: str) -> tuple[str, str]:
 @witness("masked")
 def test_a_masked_directory_is_an_empty_read_only_tmpfs(sbxc_task: Task, masked_path: str) -> None:
     path = _p(sbxc_task, masked_path)
-    mount = sbxc_task.mount_at(path)
-    assert mount is not None, f"nothing is mounted at {masked_path} inside the task (no mask)"
-    assert mount["fstype"] == "tmpfs", f"{masked_path} is a {mount['fstype']} mount, not a tmpfs"
-    assert mount["ro"], f"the tmpfs at {masked_path} is mounted {','.join(mount['options'])}, not ro"
+    # The task's real mount table, read from the host: the mount that serves the path there.
+    mount = mountinfo.serving(_mounts(sbxc_task), path)
+    assert mount is not None and mount.mount_point == path, (
+        f"nothing is mounted at {masked_path} in the task's mount table (no mask)"
+        + (f": it is served by the {mount.fstype} at {mount.mount_point}" if mount else "")
+    )
+    assert mount.fstype == "tmpfs", f"{masked_path} is a {mount.fstype} mount, not a tmpfs"
+    assert mount.read_only, f"the tmpfs at {masked_path} is mounted {','.join(mount.options)}, not ro"
+    assert mount.dev not in sbxc_task.host_devices, (
+        f"the tmpfs at {masked_path} ({mount.dev}) is one the host has mounted too, not the sandbox's own"
+    )
     listing = sbxc_task.observed("list", path)
     assert listing == "ok", f"listing {masked_path} gave {listing}"
     assert sbxc_task.value("list", path) == [], f"{masked_path} is not empty: {sbxc_task.value('list', path)}"
@@ -111,17 +147,61 @@ def test_a_read_only_path_is_readable(sbxc_task: Task, read_only_path: str) -> N
         assert sbxc_task.value("list", path), f"{read_only_path} is empty inside but not on the host"
 
 
+def _refusal_ok(task: Task, op: dict, seen: str) -> bool:
+    if seen == "EROFS":
+        return True
+    if op["op"] == "append" and not op.get("owned", True):
+        return seen == "EACCES"  # a file the task user does not own: file modes answer first
+    # A directory beneath the read-only path that does not exist inside (hidden by the sandbox).
+    return (
+        op["op"] == "create"
+        and seen == "ENOENT"
+        and task.observed("stat", os.path.dirname(op["path"])) == "ENOENT"
+    )
+
+
 @witness("read_only")
 def test_a_read_only_path_refuses_writes_with_erofs(sbxc_task: Task, read_only_path: str) -> None:
     path = _p(sbxc_task, read_only_path)
-    tried = {
-        f"{o['op']} {o['path']}": sbxc_task.observed(o["op"], o["path"])
-        for o in sbxc_task.plan.ops
-        if o["op"] in ("create", "append") and (o["path"] == path or os.path.dirname(o["path"]) == path)
-    }
-    if not tried:
+    ops = [o for o in sbxc_task.plan.ops if o.get("read_only") == read_only_path]
+    if not ops:
         pytest.skip(f"{read_only_path} does not exist on the host: no write to try")
-    assert all(v == "EROFS" for v in tried.values()), f"writes under {read_only_path} gave {tried}"
+    tried = {
+        f"{o['op']} {o['path'].replace(path, read_only_path, 1)}": sbxc_task.observed(o["op"], o["path"])
+        for o in ops
+    }
+    wrong = {k: v for (k, v), o in zip(tried.items(), ops, strict=True) if not _refusal_ok(sbxc_task, o, v)}
+    assert not wrong, f"writes at and beneath {read_only_path} gave {wrong}"
+    landed = [
+        o["path"] for o in ops if o["op"] == "create" and sbxc_task.host_after.get(o["path"]) is not None
+    ]
+    assert not landed, f"files the task created under {read_only_path} reached the host: {landed}"
+
+
+@witness("read_only")
+def test_every_mount_beneath_a_read_only_path_is_read_only(
+    sbxc_task: Task, read_only_path: str, sbxc_settings: Settings
+) -> None:
+    path = _p(sbxc_task, read_only_path)
+    declared = _declared_writable(sbxc_task, sbxc_settings)
+    rw = [
+        f"{m.fstype} at {m.mount_point}"
+        for m in mountinfo.on_top(_mounts(sbxc_task))
+        if mountinfo.under(m.mount_point, path)
+        and not m.read_only
+        and not any(mountinfo.under(m.mount_point, d) for d in declared)
+        and m.mount_point not in _seen(sbxc_task).device_nodes
+    ]
+    # Only mounts AT or beneath the path: the one serving the path itself from above counts too.
+    top = mountinfo.serving(_mounts(sbxc_task), path)
+    if (
+        top is not None
+        and not top.read_only
+        and top.mount_point != path
+        and mountinfo.under(path, top.mount_point)
+    ):
+        rw.insert(0, f"{top.fstype} at {top.mount_point} (serving {read_only_path})")
+    assert not rw, f"read-write mounts at or beneath {read_only_path} in the task's mount table: {rw}"
 
 
 # ---- writable --------------------------------------------------------------------------------------
@@ -162,7 +242,9 @@ def test_the_control_directorys_files_are_readable(sbxc_task: Task, sbxc_setting
     for name in sbxc_settings.profile.task.control_files:
         f = f"{control}/{name}"
         assert sbxc_task.observed("read", f) == "ok", f"reading {name} gave {sbxc_task.observed('read', f)}"
-        assert "SBXC-CANARY control" in sbxc_task.value("read", f), (
+        # What the host seeded before the launch; it carries this run's nonce (conformance/layout.py).
+        [seeded] = [o.get("expect") for o in sbxc_task.plan.ops if o["op"] == "read" and o["path"] == f]
+        assert sbxc_task.value("read", f) == seeded, (
             f"{name} inside is not this task's seeded file: {sbxc_task.value('read', f)!r}"
         )
 
@@ -239,22 +321,46 @@ def test_the_task_cannot_reach_the_hosts_abstract_unix_socket(sbxc_task: Task) -
 # ---- nested user namespaces --------------------------------------------------------------------------
 
 
+def _door(result: dict) -> str:
+    if result.get("ok"):
+        return "CREATED"
+    if "error" in result or not result.get("errno"):
+        return f"could not be tried: {result.get('error')}"
+    return str(result["errno"])
+
+
 @witness("nested_userns")
-def test_a_nested_user_namespace_is_refused(sbxc_task: Task, sbxc_session: WitnessSession) -> None:
+def test_a_nested_user_namespace_is_refused_by_every_door(
+    sbxc_task: Task, sbxc_session: WitnessSession, sbxc_settings: Settings
+) -> None:
     why = sbxc_session.nested_userns_skip()
     if why:
         pytest.skip(why)  # never claim a boundary that is not there
-    result = sbxc_task.get("nested_userns") or {}
-    assert "error" not in result, f"the nested unshare could not be tried: {result.get('error')}"
-    assert result.get("ok") is False, "unshare(CLONE_NEWUSER) succeeded inside the task"
+    doors = sbxc_task.get("nested_userns")
+    assert isinstance(doors, dict) and "error" not in doors, (
+        f"the nested user namespace was not tried: {doors}"
+    )
+    expected = sbxc_settings.profile.nested_errno
+    seen = {name: _door(r) for name, r in doors.items()}
+    assert set(seen) == {"clone", "clone3", "unshare"}, f"not every door was tried: {seen}"
+    opened = [n for n, v in seen.items() if v == "CREATED"]
+    assert not opened, (
+        f"{' and '.join(opened)} with CLONE_NEWUSER created a user namespace inside the task: {seen}"
+    )
+    untried = {n: v for n, v in seen.items() if v.startswith("could not")}
+    assert not untried, f"doors that could not be tried: {untried}"
+    if expected:
+        wrong = {n: v for n, v in seen.items() if v not in expected}
+        assert not wrong, f"refused with {wrong}, the profile says {' or '.join(expected)}"
 
 
-# ---- pid, ipc, uts -----------------------------------------------------------------------------------
+# ---- pid, ipc, uts, net: judged on the namespaces the HOST sees the task in ----------------------------
 
 
 @witness("pid")
 def test_host_pids_are_invisible_to_the_task(sbxc_task: Task) -> None:
     host = sbxc_task.host
+    assert _host_ns(sbxc_task, "pid") != host.namespaces.get("pid"), "the task is in the host's pid namespace"
     procs = sbxc_task.get("processes")
     assert isinstance(procs, list), f"the task could not list processes: {procs}"
     harness = [
@@ -263,13 +369,14 @@ def test_host_pids_are_invisible_to_the_task(sbxc_task: Task) -> None:
         if p["pid"] == host.harness_pid and tuple(p.get("cmdline", ())) == host.harness_cmdline
     ]
     assert not harness, f"the harness process (host pid {host.harness_pid}) is visible inside the task"
-    assert sbxc_task.get("namespaces")["pid"] != host.namespaces.get("pid"), (
-        "the task is in the host's pid namespace"
-    )
 
 
 @witness("pid")
 def test_pid_1_is_the_sandboxs_init(sbxc_task: Task, sbxc_settings: Settings) -> None:
+    nspid = _seen(sbxc_task).nspid
+    assert len(nspid) >= 2, (
+        f"the host sees the task with NSpid {nspid}: it is not in a pid namespace of its own"
+    )
     procs = sbxc_task.get("processes")
     assert isinstance(procs, list), f"the task could not list processes: {procs}"
     [pid1] = [p for p in procs if p["pid"] == 1] or [None]
@@ -279,19 +386,20 @@ def test_pid_1_is_the_sandboxs_init(sbxc_task: Task, sbxc_settings: Settings) ->
     )
     init = sbxc_settings.profile.process.init
     if init is not None:
-        assert pid1.get("comm") == init, f"PID 1 inside is {pid1.get('comm')!r}, the profile says {init!r}"
+        inits = [init] if isinstance(init, str) else list(init)
+        assert pid1.get("comm") in inits, f"PID 1 inside is {pid1.get('comm')!r}, the profile says {init!r}"
 
 
 @witness("ipc")
 def test_the_ipc_namespace_is_private(sbxc_task: Task) -> None:
-    inside, host = sbxc_task.get("namespaces")["ipc"], sbxc_task.host.namespaces.get("ipc")
-    assert inside != host, f"the task shares the host's ipc namespace {host}"
+    host = sbxc_task.host.namespaces.get("ipc")
+    assert _host_ns(sbxc_task, "ipc") != host, f"the task shares the host's ipc namespace {host}"
 
 
 @witness("uts")
 def test_the_uts_namespace_is_private(sbxc_task: Task, sbxc_settings: Settings) -> None:
-    inside, host = sbxc_task.get("namespaces")["uts"], sbxc_task.host.namespaces.get("uts")
-    assert inside != host, f"the task shares the host's uts namespace {host}"
+    host = sbxc_task.host.namespaces.get("uts")
+    assert _host_ns(sbxc_task, "uts") != host, f"the task shares the host's uts namespace {host}"
     name = sbxc_settings.profile.namespaces.hostname
     if name is not None:
         assert sbxc_task.get("hostname") == name, (
@@ -299,39 +407,158 @@ def test_the_uts_namespace_is_private(sbxc_task: Task, sbxc_settings: Settings) 
         )
 
 
-# ---- capabilities, no_new_privs --------------------------------------------------------------------
+@witness("network")
+def test_the_task_has_a_network_namespace_of_its_own(sbxc_task: Task) -> None:
+    host = sbxc_task.host.namespaces.get("net")
+    assert _host_ns(sbxc_task, "net") != host, f"the task shares the host's network namespace {host}"
+
+
+# ---- capabilities, no_new_privs: the host's /proc/PID/status ------------------------------------------
+
+
+def _host_status(task: Task) -> dict:
+    status = _seen(task).status
+    assert not isinstance(status, str), f"cannot tell: the host's /proc/PID/status gave {status}"
+    return dict(status)
 
 
 @witness("capabilities")
 def test_the_task_has_no_capabilities(sbxc_task: Task) -> None:
-    status = sbxc_task.get("status") or {}
+    status = _host_status(sbxc_task)
     sets = {k: status.get(k) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
     held = {k: v for k, v in sets.items() if v is None or int(v, 16) != 0}
-    assert not held, f"capability sets inside: {held}"
+    assert not held, f"capability sets of the task as the host sees them: {held}"
 
 
 @witness("no_new_privs")
 def test_no_new_privs_is_set(sbxc_task: Task) -> None:
-    nnp = (sbxc_task.get("status") or {}).get("NoNewPrivs")
-    assert nnp == "1", f"NoNewPrivs inside is {nnp}"
+    nnp = _host_status(sbxc_task).get("NoNewPrivs")
+    assert nnp == "1", f"NoNewPrivs of the task as the host sees it is {nnp}"
 
 
-# ---- environment -------------------------------------------------------------------------------------
+# ---- environment: the environment the host's kernel holds for the task --------------------------------
+
+
+def _host_environ(task: Task) -> dict[str, str]:
+    env = _seen(task).environ
+    assert not isinstance(env, str), f"cannot tell: the host's /proc/PID/environ gave {env}"
+    return dict(env)
 
 
 @witness("environment")
 def test_only_allowlisted_environment_keys_arrive(sbxc_task: Task, sbxc_settings: Settings) -> None:
-    keys = sbxc_task.get("environment_keys")
-    assert isinstance(keys, list), f"the task could not read its environment: {keys}"
-    extra = sorted(set(keys) - set(sbxc_settings.profile.environment.allow or ()))
+    env = _host_environ(sbxc_task)
+    extra = sorted(set(env) - set(sbxc_settings.profile.environment.allow or ()))
     assert not extra, f"keys outside the allowlist arrived: {extra}"
 
 
 @witness("environment")
 def test_the_launchers_secret_does_not_reach_the_task(sbxc_task: Task) -> None:
-    keys = sbxc_task.get("environment_keys")
-    assert isinstance(keys, list), f"the task could not read its environment: {keys}"
-    assert sbxc_task.host.secret_key not in keys, f"{sbxc_task.host.secret_key} reached the task"
+    env = _host_environ(sbxc_task)
+    key, secret = sbxc_task.host.secret_key, sbxc_task.host.secret_value
+    assert key not in env, f"{key} reached the task"
+    # Under any name: a launcher that renames it, or passes it as an allowlisted key's value.
+    carriers = sorted(k for k, v in env.items() if secret in v or secret in k)
+    assert not carriers, f"the launcher's secret value reached the task in {carriers}"
+
+
+@witness("environment_set")
+def test_the_environment_set_by_the_profile_is_exactly_that(sbxc_task: Task, sbxc_settings: Settings) -> None:
+    wanted = {k: expand(v, sbxc_task.values) for k, v in sbxc_settings.profile.environment.set.items()}
+    env = _host_environ(sbxc_task)
+    wrong = {k: env.get(k) for k, v in wanted.items() if env.get(k) != v}
+    assert not wrong, f"environment values differ from the profile's [environment.set]: {wrong}"
+
+
+# ---- what only the host can tell: aliases, the write surface, the task's own /proc, leftovers ---------
+
+
+@witness("aliases")
+def test_no_mount_shows_a_protected_host_path_under_any_name(sbxc_task: Task) -> None:
+    _mounts(sbxc_task)
+    found = [
+        f"{e['template']} at {e['path']} (through the mount at {e['mount_point']}; lists {e['listing']})"
+        for e in _seen(sbxc_task).exposures
+    ]
+    assert not found, f"host content that must be hidden is reachable inside the task: {found}"
+
+
+def _declared_writable(task: Task, s: Settings) -> list[str]:
+    fs, t = s.profile.filesystem, s.profile.task
+    return [
+        expand(p, task.values) for p in (*fs.writable, *fs.scratch, t.workdir, t.user_tmp) if p is not None
+    ]
+
+
+@witness("write_surface")
+def test_every_writable_host_mount_is_a_declared_writable_path(
+    sbxc_task: Task, sbxc_settings: Settings
+) -> None:
+    declared = _declared_writable(sbxc_task, sbxc_settings)
+    seen = _seen(sbxc_task)
+    undeclared = [
+        f"{m.fstype} {m.source}:{m.root} at {m.mount_point}"
+        for m in mountinfo.on_top(_mounts(sbxc_task))
+        # Read-write, holding data (not procfs and the like), and on a filesystem the host has mounted
+        # too: what the task writes there reaches the host. A tmpfs the sandbox made is its own.
+        if not m.read_only
+        and m.storage
+        and m.dev in sbxc_task.host_devices
+        and not any(mountinfo.under(m.mount_point, d) for d in declared)
+        and m.mount_point not in seen.device_nodes
+    ]
+    assert not undeclared, (
+        f"read-write mounts of host storage that the profile does not declare writable: {undeclared}"
+    )
+
+
+@witness("kernel_view")
+def test_the_tasks_proc_shows_the_kernels_state(sbxc_task: Task) -> None:
+    seen = _seen(sbxc_task)
+    kernel = sbxc_task.get("kernel") or {}
+    differ = []
+    inside_ns = sbxc_task.get("namespaces") or {}
+    for ns, host_value in seen.namespaces.items():
+        mine = inside_ns.get(ns, "")
+        if (
+            not host_value.startswith("error")
+            and not mine.startswith("error")
+            and mine
+            and mine != host_value
+        ):
+            differ.append(f"ns/{ns}: inside {mine}, host {host_value}")
+    if seen.nspid and isinstance(kernel.get("pid"), int) and kernel["pid"] != seen.nspid[-1]:
+        differ.append(f"getpid() {kernel['pid']}, host NSpid {seen.nspid}")
+    status = sbxc_task.get("status") or {}
+    if not isinstance(seen.status, str) and "error" not in status:
+        for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp"):
+            if k in status and status[k] != seen.status.get(k):
+                differ.append(f"{k}: inside {status[k]}, host {seen.status.get(k)}")
+        caps = kernel.get("caps") or {}
+        for k, v in caps.items():
+            if k != "error" and int(v, 16) != int(seen.status.get(k, "0"), 16):
+                differ.append(f"capget {k} {v}, host {seen.status.get(k)}")
+        nnp = kernel.get("no_new_privs")
+        if isinstance(nnp, int) and str(nnp) != seen.status.get("NoNewPrivs"):
+            differ.append(f"prctl(PR_GET_NO_NEW_PRIVS) {nnp}, host {seen.status.get('NoNewPrivs')}")
+    env = sbxc_task.get("environment")
+    if (
+        isinstance(env, dict)
+        and "error" not in env
+        and not isinstance(seen.environ, str)
+        and env != seen.environ
+    ):
+        differ.append(f"environment: inside {sorted(env)}, host {sorted(seen.environ)}")
+    magic = kernel.get("proc_magic")
+    if isinstance(magic, str) and not magic.startswith("error") and magic != "9fa0":
+        differ.append(f"/proc is not a procfs (statfs f_type {magic})")
+    assert not differ, f"the task's /proc does not show the kernel's state: {differ}"
+
+
+@witness("leftovers")
+def test_nothing_the_launch_started_outlives_the_task(sbxc_task: Task) -> None:
+    left = [f"pid {p['pid']} ({p['comm']}): {', '.join(p['why'])}" for p in sbxc_task.survivors]
+    assert not left, f"still running after the launcher exited (killed by the harness): {left}"
 
 
 # ---- cgroup limits -----------------------------------------------------------------------------------
@@ -347,6 +574,27 @@ def _leaf(task: Task, session: WitnessSession) -> dict:
         _, why = session.cgroup_root()
         pytest.skip(f"no cgroup leaf for the task: {why}")
     return dict(task.cgroup)
+
+
+def _own_cgroup(task: Task) -> dict:
+    """For a launcher that keeps its own cgroups: the task's cgroup as the host's kernel shows it (its
+    /proc/PID/cgroup, and that directory's limits read through the host's cgroup2 mount). None of it
+    comes from the task or from the harness: the promise is the sandbox's."""
+    files = dict(_seen(task).cgroup_files)
+    assert "error" not in files, f"cannot tell the task's cgroup: {files.get('error')}"
+    assert files["path"] != task.host.cgroup, (
+        f"the task runs in the harness's own cgroup {files['path']}: no leaf of its own, no limit of its own"
+    )
+    return files
+
+
+def _limit_kept(task: Task, name: str, promised: int | None) -> None:
+    files = _own_cgroup(task)
+    value = files.get(name, "")
+    assert not value.startswith("error"), f"cannot tell {name} of the task's cgroup {files['path']}: {value}"
+    assert value != "max" and promised is not None and int(value) <= promised, (
+        f"the task's cgroup {files['path']} has {name} {value}, the profile promises {promised}"
+    )
 
 
 def _trial(task: Task, name: str) -> dict:
@@ -369,6 +617,11 @@ def _seen_by_host(task: Task, leaf: dict, pid: int) -> dict | None:
 @witness("cgroup")
 @cgroup
 def test_the_task_runs_in_its_own_cgroup_leaf(sbxc_task: Task, sbxc_session: WitnessSession) -> None:
+    if not sbxc_session.leaves_by_harness:
+        files = _own_cgroup(sbxc_task)
+        # Not the root either: a cgroup of the sandbox's own, somewhere below.
+        assert files["path"] not in ("/", ""), f"the task runs in the root cgroup {files['path']!r}"
+        return
     leaf = _leaf(sbxc_task, sbxc_session)
     kill = leaf.get("kill") or {}
     assert kill.get("before"), f"the host never saw the task's leaf populated: {kill.get('why')}"
@@ -400,6 +653,10 @@ def test_the_task_runs_in_its_own_cgroup_leaf(sbxc_task: Task, sbxc_session: Wit
 def test_an_allocation_past_memory_max_is_oom_killed(
     sbxc_task: Task, sbxc_session: WitnessSession, sbxc_settings: Settings
 ) -> None:
+    if not sbxc_session.leaves_by_harness:
+        # The kernel enforces what memory.max says, on the cgroup the host sees the task in.
+        _limit_kept(sbxc_task, "memory.max", sbxc_settings.profile.limits.memory_max)
+        return
     leaf = _leaf(sbxc_task, sbxc_session)
     trial = _trial(sbxc_task, "memory_trial")
     limit = sbxc_settings.profile.limits.memory_max
@@ -416,6 +673,9 @@ def test_an_allocation_past_memory_max_is_oom_killed(
 def test_forking_past_pids_max_fails_with_eagain(
     sbxc_task: Task, sbxc_session: WitnessSession, sbxc_settings: Settings
 ) -> None:
+    if not sbxc_session.leaves_by_harness:
+        _limit_kept(sbxc_task, "pids.max", sbxc_settings.profile.limits.pids_max)
+        return
     leaf = _leaf(sbxc_task, sbxc_session)
     limit = sbxc_settings.profile.limits.pids_max
     if (sbxc_task.plan.cgroup or {}).get("pids_forks") is None:
@@ -431,6 +691,7 @@ def test_forking_past_pids_max_fails_with_eagain(
 
 @witness("cgroup")
 @cgroup
+@pytest.mark.harness_leaf
 def test_a_task_tree_is_reaped_whole_by_cgroup_kill(sbxc_task: Task, sbxc_session: WitnessSession) -> None:
     leaf = _leaf(sbxc_task, sbxc_session)
     kill = leaf.get("kill") or {}
@@ -453,6 +714,7 @@ def test_a_task_tree_is_reaped_whole_by_cgroup_kill(sbxc_task: Task, sbxc_sessio
 
 @witness("cgroup")
 @cgroup
+@pytest.mark.harness_leaf
 def test_a_neighbour_tasks_leaf_is_not_writable_from_inside(
     sbxc_task: Task, sbxc_session: WitnessSession
 ) -> None:

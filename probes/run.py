@@ -8,8 +8,9 @@ import errno
 import os
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 # The environment a child gets unless the caller says otherwise: enough to find binaries and speak
@@ -68,11 +69,16 @@ def run(
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
     capture: bool = True,
+    on_line: Callable[[str], None] | None = None,
+    after_exit: Callable[[int], None] | None = None,
 ) -> Completed:
     """Run argv in a new session; on timeout SIGKILL its whole process group and reap it.
 
     capture=False: the child writes to our stdout/stderr as it goes (a long witness run or an image
-    build the user must see live); the result then carries no output."""
+    build the user must see live); the result then carries no output.
+    on_line: called (in a reader thread) with each stdout line as it arrives, while the child runs.
+    after_exit: called with the process group id once the leader has exited, BEFORE the rest of its
+    group is killed, so the caller can see what the child left running."""
     argv = tuple(str(a) for a in argv)
     started = time.monotonic()
     pipe = subprocess.PIPE if capture else None
@@ -94,6 +100,8 @@ def run(
         # fork(2) refused with EAGAIN: RLIMIT_NPROC or pids.max exhausted. A fact about the host,
         # reported as a failed start, not a crash of whoever asked.
         return Completed(argv, None, "", f"{argv[0]}: fork: {errno.errorcode[e.errno]}", 0.0)
+    if on_line is not None or after_exit is not None:
+        return _streamed(proc, argv, input, timeout, started, on_line, after_exit)
     try:
         out, err = proc.communicate(input, timeout=timeout)
         # The leader exited; anything it left in its group (a daemonised grandchild) goes too.
@@ -107,3 +115,75 @@ def run(
         kill_group(proc.pid)
         proc.wait()
         raise
+
+
+def _streamed(
+    proc: subprocess.Popen[str],
+    argv: tuple[str, ...],
+    input: str | None,
+    timeout: float,
+    started: float,
+    on_line: Callable[[str], None] | None,
+    after_exit: Callable[[int], None] | None,
+) -> Completed:
+    """run() with stdout read line by line as it comes (one thread per pipe, so neither can fill up
+    and stall the child)."""
+    out: list[str] = []
+    err: list[str] = []
+    failed: list[BaseException] = []
+
+    def feed() -> None:
+        if proc.stdin is None:
+            return
+        with contextlib.suppress(OSError):  # a child that exits without reading: EPIPE
+            if input is not None:
+                proc.stdin.write(input)
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+
+    def read_out() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.append(line)
+            if on_line is not None and not failed:
+                try:
+                    on_line(line)
+                except BaseException as e:  # re-raised in the caller's thread below
+                    failed.append(e)
+
+    def read_err() -> None:
+        assert proc.stderr is not None
+        err.append(proc.stderr.read())
+
+    readers = [threading.Thread(target=f, daemon=True) for f in (read_out, read_err)]
+    threads = [threading.Thread(target=feed, daemon=True), *readers]
+    for t in threads:
+        t.start()
+    timed_out = False
+    try:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        # The leader is gone; its output may still be in the pipes. A survivor that holds them keeps
+        # the readers waiting: bounded, then after_exit sees (and kills) it.
+        for t in readers:
+            t.join(timeout=1.0)
+        if not timed_out and after_exit is not None:
+            after_exit(proc.pid)
+    finally:
+        kill_group(proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+    for t in threads:
+        t.join(timeout=5)
+    if failed:
+        raise failed[0]
+    return Completed(
+        argv,
+        None if timed_out else proc.returncode,
+        "".join(out),
+        "".join(err),
+        time.monotonic() - started,
+        timed_out=timed_out,
+    )

@@ -69,6 +69,10 @@ def security_flags(kind: str) -> list[str]:
         # rung brings `lo` up in the new net namespace with CAP_NET_ADMIN.
         "--cap-add", "SYS_ADMIN",
         "--cap-add", "NET_ADMIN",
+        # The host-side observer (conformance/observer.py) reads each task's /proc/PID/ns, environ and
+        # mountinfo; for a task of another uid (the unprivileged leg) that is a ptrace read access
+        # check, PTRACE_MODE_READ_FSCREDS, which root passes only with CAP_SYS_PTRACE (ptrace(2)).
+        "--cap-add", "SYS_PTRACE",
         # Docker's default seccomp profile refuses unshare(CLONE_NEWUSER) (and clone with namespace
         # flags) to a process without CAP_SYS_ADMIN: the unprivileged user could not create the
         # user namespace bwrap starts from.

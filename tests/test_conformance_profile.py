@@ -32,6 +32,10 @@ def test_the_reference_profile_loads_and_makes_every_promise_family() -> None:
         "read_only",
         "writable",
         "absent",
+        "aliases",
+        "write_surface",
+        "kernel_view",
+        "leftovers",
         "control",
         "user_tmp",
         "network",
@@ -42,6 +46,7 @@ def test_the_reference_profile_loads_and_makes_every_promise_family() -> None:
         "capabilities",
         "no_new_privs",
         "environment",
+        "environment_set",
         "cgroup",
         "memory_max",
         "pids_max",
@@ -111,7 +116,8 @@ def test_a_promise_not_made_is_not_in_the_profiles_promises(tmp_path: Path) -> N
     prof = P.load(
         _write(tmp_path, '[profile]\nname = "t"\n[network]\nmode = "host"\n[process]\nno_new_privs = true\n')
     )
-    assert prof.promises() == ("no_new_privs",)
+    # Every profile is held to the host-side promises unless it opts out of the write surface.
+    assert prof.promises() == ("write_surface", "kernel_view", "leftovers", "no_new_privs")
 
 
 def test_placeholders_expand_against_the_layout() -> None:
@@ -224,3 +230,30 @@ def test_each_perturbation_flips_one_thing(perturbation: str, present: list[str]
 def test_an_unknown_perturbation_is_refused() -> None:
     with pytest.raises(bwrap_argv.BuildError, match="unknown perturbation"):
         bwrap_argv.reference_argv(P.load(None), VALUES, FACTS, frozenset({"nope"}))
+
+
+def test_a_profile_can_say_it_confines_no_filesystem_and_how_nesting_is_refused(tmp_path: Path) -> None:
+    prof = P.load(
+        _write(
+            tmp_path,
+            '[profile]\nname = "t"\n[filesystem]\nwrite_surface = "any"\nscratch = ["/dev/shm"]\n'
+            '[userns]\nnested = "refused"\nerrno = ["ENOSPC", "EPERM"]\n',
+        )
+    )
+    assert "write_surface" not in prof.promises() and "nested_userns" in prof.promises()
+    assert prof.filesystem.scratch == ("/dev/shm",) and prof.nested_errno == ("ENOSPC", "EPERM")
+
+
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        ('[userns]\nnested = "refused"\nerrno = "ENOSPC"\n', "userns.errno"),
+        ('[userns]\nnested = "refused"\nerrno = ["nospc"]\n', "userns.errno"),
+        ('[userns]\nerrno = ["EPERM"]\n', "userns.errno"),
+        ('[filesystem]\nwrite_surface = "some"\n', "filesystem.write_surface"),
+    ],
+)
+def test_a_bad_nesting_errno_or_write_surface_names_its_key(tmp_path: Path, body: str, key: str) -> None:
+    with pytest.raises(P.ProfileError) as e:
+        P.load(_write(tmp_path, '[profile]\nname = "t"\n' + body))
+    assert e.value.key == key

@@ -45,7 +45,9 @@ def expected_skip_file(tmp_path: Path, as_user: str | None = None) -> tuple[Path
     untested = 0
     cg = findings(as_user)["cgroup.delegation"]
     if not (cg.ok and cg.facts.get("root")):
-        lines += [f"{name} | no cgroup leaf: {cg.verdict}: {cg.reason}" for name in sorted(HARNESS_ENFORCED)]
+        lines += [
+            f"{name} | cgroup.delegation: {cg.verdict}: {cg.reason}" for name in sorted(HARNESS_ENFORCED)
+        ]
         untested = 3  # the families cgroup, memory_max, pids_max
     f = tmp_path / "skips.txt"
     f.write_text("\n".join(lines) + "\n")
@@ -73,7 +75,7 @@ def test_the_reference_sandbox_keeps_every_promise(
     done = witness(*args)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
-    kept = 19 - untested
+    kept = 24 - untested
     assert lines[-1].startswith(f"witness: {kept} kept, 0 BROKEN, {untested} not tested"), done.stdout
     assert sum(ln.endswith(": kept") for ln in lines[:-1]) == kept, done.stdout
     cases = junit(tmp_path / "j.xml")
@@ -105,6 +107,7 @@ LAUNCHER = textwrap.dedent("""\
     exec bwrap --unshare-user --unshare-pid --unshare-ipc --unshare-uts --hostname sbxc-task $net \\
       --disable-userns --cap-drop ALL --die-with-parent --new-session $env \\
       --setenv PATH /usr/bin:/bin --setenv HOME "$workdir" --setenv LANG C.UTF-8 \\
+      --setenv TASK_ID "$(basename "$(dirname "$control")")" \\
       --ro-bind /usr /usr --symlink usr/bin /bin --symlink usr/lib /lib --symlink usr/lib64 /lib64 \\
       --proc /proc --dev /dev --tmpfs /tmp \\
       --ro-bind "$state" "$state" $mask --tmpfs "$state/users" \\
@@ -121,17 +124,54 @@ def launcher_script(tmp_path: Path) -> Path:
     return f
 
 
+@pytest.fixture
+def no_limits_profile(tmp_path: Path) -> Path:
+    """The reference profile without [limits]: the test launcher below applies no cgroup limits, and a
+    launcher that promises limits it does not apply goes red on them (conformance/test_witnesses.py)."""
+    from importlib import resources
+
+    text = (resources.files("conformance") / "profiles" / "reference.toml").read_text()
+    f = tmp_path / "no-limits.toml"
+    f.write_text(text[: text.index("[limits]")])
+    return f
+
+
 def _external(script: Path, mode: str) -> str:
     return f"{script} {mode} {{state}} {{control}} {{user_tmp}} {{workdir}}"
 
 
 def test_a_users_external_launcher_that_keeps_every_promise_passes(
+    reference_ready: None, launcher_script: Path, tmp_path: Path, no_limits_profile: Path
+) -> None:
+    done = witness(
+        "--launcher",
+        _external(launcher_script, "good"),
+        "--profile",
+        str(no_limits_profile),
+        "--junitxml",
+        str(tmp_path / "j.xml"),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "0 BROKEN, 0 not tested" in done.stdout
+
+
+def test_an_external_launcher_that_promises_limits_it_does_not_apply_is_red_on_them(
     reference_ready: None, launcher_script: Path, tmp_path: Path
 ) -> None:
+    # The harness makes no leaf for a launcher that is not its own: the task runs in the cgroup the
+    # launcher left it in (the harness's), and the host says so.
     done = witness("--launcher", _external(launcher_script, "good"), "--junitxml", str(tmp_path / "j.xml"))
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    _, untested = expected_skip_file(tmp_path)  # the cgroup families where there is no cgroup root
-    assert f"0 BROKEN, {untested} not tested" in done.stdout
+    assert done.returncode == 1, done.stdout
+    cases = junit(tmp_path / "j.xml")
+    red = {c for c, k in cases.items() if k == "failure"}
+    assert red == {
+        "test_the_task_runs_in_its_own_cgroup_leaf",
+        "test_an_allocation_past_memory_max_is_oom_killed",
+        "test_forking_past_pids_max_fails_with_eagain",
+    }, cases
+    # What the harness does with a leaf it made is no promise of this launcher: not collected.
+    assert "test_a_task_tree_is_reaped_whole_by_cgroup_kill" not in cases
+    assert "cgroup: BROKEN: the task runs in the harness's own cgroup" in done.stdout
 
 
 @pytest.mark.parametrize(
@@ -143,6 +183,10 @@ def test_a_users_external_launcher_that_keeps_every_promise_passes(
                 "test_an_append_to_the_control_directorys_file_is_refused_with_erofs",
                 "test_a_file_cannot_be_planted_in_the_control_directory",
                 "test_the_control_directorys_files_cannot_be_removed",
+                # The host's reading of the task's mount table: a read-write bind of host storage
+                # beneath the read-only {state}, which the profile never declared writable.
+                "test_every_mount_beneath_a_read_only_path_is_read_only[{state}]",
+                "test_every_writable_host_mount_is_a_declared_writable_path",
             ],
         ),
         (
@@ -151,6 +195,7 @@ def test_a_users_external_launcher_that_keeps_every_promise_passes(
                 "test_the_task_sees_only_the_loopback_interface",
                 "test_the_task_cannot_reach_the_hosts_tcp_listener",
                 "test_the_task_cannot_reach_the_hosts_abstract_unix_socket",
+                "test_the_task_has_a_network_namespace_of_its_own",
             ],
         ),
         (
@@ -158,6 +203,7 @@ def test_a_users_external_launcher_that_keeps_every_promise_passes(
             [
                 "test_a_masked_directory_is_an_empty_read_only_tmpfs[{state}/db]",
                 "test_a_masked_directorys_host_canary_is_invisible[{state}/db]",
+                "test_no_mount_shows_a_protected_host_path_under_any_name",
             ],
         ),
         (
@@ -170,9 +216,21 @@ def test_a_users_external_launcher_that_keeps_every_promise_passes(
     ],
 )
 def test_a_broken_external_launcher_turns_its_witnesses_red(
-    reference_ready: None, launcher_script: Path, tmp_path: Path, mode: str, red: list[str]
+    reference_ready: None,
+    launcher_script: Path,
+    tmp_path: Path,
+    mode: str,
+    red: list[str],
+    no_limits_profile: Path,
 ) -> None:
-    done = witness("--launcher", _external(launcher_script, mode), "--junitxml", str(tmp_path / "j.xml"))
+    done = witness(
+        "--launcher",
+        _external(launcher_script, mode),
+        "--profile",
+        str(no_limits_profile),
+        "--junitxml",
+        str(tmp_path / "j.xml"),
+    )
     assert done.returncode == 1, done.stdout
     cases = junit(tmp_path / "j.xml")
     assert {c for c, k in cases.items() if k == "failure"} == set(red), cases
@@ -188,11 +246,24 @@ def test_a_broken_external_launcher_turns_its_witnesses_red(
             {
                 "test_a_masked_directory_is_an_empty_read_only_tmpfs[{state}/db]",
                 "test_nothing_can_be_created_in_a_masked_directory[{state}/db]",
+                "test_every_mount_beneath_a_read_only_path_is_read_only[{state}]",
             },
         ),
-        ("control_scoped_per_user", {"test_an_absent_path_does_not_exist_inside[{neighbour_control}]"}),
-        ("other_user_bound", {"test_an_absent_path_does_not_exist_inside[{other_user}]"}),
-        ("nested_userns_enabled", {"test_a_nested_user_namespace_is_refused"}),
+        (
+            "control_scoped_per_user",
+            {
+                "test_an_absent_path_does_not_exist_inside[{neighbour_control}]",
+                "test_no_mount_shows_a_protected_host_path_under_any_name",
+            },
+        ),
+        (
+            "other_user_bound",
+            {
+                "test_an_absent_path_does_not_exist_inside[{other_user}]",
+                "test_no_mount_shows_a_protected_host_path_under_any_name",
+            },
+        ),
+        ("nested_userns_enabled", {"test_a_nested_user_namespace_is_refused_by_every_door"}),
         ("pid_shared", {"test_host_pids_are_invisible_to_the_task", "test_pid_1_is_the_sandboxs_init"}),
         ("ipc_shared", {"test_the_ipc_namespace_is_private"}),
         ("uts_shared", {"test_the_uts_namespace_is_private"}),
@@ -329,8 +400,17 @@ def test_a_vacuous_witness_skips_and_a_promise_not_made_is_not_collected(
     done = witness("--profile", str(gated_profile), "--junitxml", str(tmp_path / "j.xml"))
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     cases = junit(tmp_path / "j.xml")
-    # Only the two promised families exist at all: network, caps... are deselected, not skipped.
-    assert cases == {SKIPPED: "skipped", "test_no_new_privs_is_set": "passed"}
+    # Only the promised families exist at all: network, caps... are deselected, not skipped. Every
+    # profile also gets the host-side ones (write surface, kernel view, leftovers) and, with an absent
+    # path, the alias witness.
+    assert cases == {
+        SKIPPED: "skipped",
+        "test_no_new_privs_is_set": "passed",
+        "test_every_writable_host_mount_is_a_declared_writable_path": "passed",
+        "test_no_mount_shows_a_protected_host_path_under_any_name": "passed",
+        "test_nothing_the_launch_started_outlives_the_task": "passed",
+        "test_the_tasks_proc_shows_the_kernels_state": "passed",
+    }
     assert "absent /nonexistent-sbxc-witness-path: not tested: " in done.stdout and "vacuous" in done.stdout
 
 
@@ -358,7 +438,9 @@ def test_the_expected_skips_file_must_equal_the_skipped_set(
     reference_ready: None, gated_profile: Path, tmp_path: Path, listed: list[str], rc: int
 ) -> None:
     f = tmp_path / "skips.txt"
-    f.write_text("".join(f"conformance/test_witnesses.py::{t} | vacuous here\n" for t in listed))
+    f.write_text(
+        "".join(f"conformance/test_witnesses.py::{t} | the witness would be vacuous\n" for t in listed)
+    )
     done = witness("--profile", str(gated_profile), "--require", "--expected-skips", str(f))
     assert done.returncode == rc, done.stdout + done.stderr[-2000:]
     if rc:
@@ -426,3 +508,13 @@ def test_witnesses_that_never_ran_are_not_tested_and_the_run_fails(reference_rea
     lines = [ln for ln in done.stdout.splitlines() if ln and not ln.startswith("witness:")]
     assert lines and all(": not tested" in ln for ln in lines), done.stdout
     assert done.stdout.splitlines()[-1].startswith("witness: 0 kept, 0 BROKEN,"), done.stdout
+
+
+def test_an_expected_skip_listed_with_another_reason_fails_the_run(
+    reference_ready: None, gated_profile: Path, tmp_path: Path
+) -> None:
+    f = tmp_path / "skips.txt"
+    f.write_text(f"conformance/test_witnesses.py::{SKIPPED} | no cgroup root here\n")
+    done = witness("--profile", str(gated_profile), "--require", "--expected-skips", str(f))
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert "skipped for another reason than listed" in done.stdout

@@ -69,6 +69,13 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--disable-userns", action="store_true")
     p.add_argument("--append", action="append", default=[])
     p.add_argument("--join", action="store_true")
+    p.add_argument("--drop", action="append", default=[], help="a word to remove from the reference argv")
+    p.add_argument("--forge-proc", action="store_true")
+    p.add_argument("--seccomp-refuse", action="append", default=[], metavar="SYSCALL")
+    p.add_argument("--leak-secret-as", metavar="KEY")
+    p.add_argument("--stale-control", action="store_true")
+    p.add_argument("--leave-daemon", action="store_true")
+    p.add_argument("--forge-document", action="store_true")
     args = p.parse_args(argv[:cut])
     cmd = argv[cut + 1 :]
     if not cmd:
@@ -223,11 +230,153 @@ def join(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object]) ->
             bwrap.wait()
 
 
+# ---- adversaries: a sandbox author who wants a green run (issue 11) ---------------------------------
+
+# unshare(2) by architecture (asm-generic/unistd.h for aarch64; arch/x86/entry/syscalls for x86_64).
+SYS_UNSHARE = {"x86_64": 272, "aarch64": 97}
+
+
+def _scratch(spec: Mapping[str, object], name: str) -> Path:
+    """A directory for the adversary's props, in the task's per-user temp: the launcher's user can
+    write there (also under --as-user), and the harness removes it with the layout."""
+    path = Path(str(spec["user_tmp"])) / f".sbxc-control-{name}"
+    path.mkdir()
+    return path
+
+
+def _forged_proc(spec: Mapping[str, object]) -> tuple[str, ...]:
+    """A /proc that shows what a checker of files wants to see: no capabilities, NoNewPrivs, private
+    namespaces, a clean environment. Bound read-only over the real one."""
+    root = _scratch(spec, "forged-proc")
+    me = root / "self"
+    (me / "ns").mkdir(parents=True)
+    (me / "status").write_text(
+        "Name:\tpython3\nNSpid:\t2\nNoNewPrivs:\t1\nSeccomp:\t0\nCapInh:\t0000000000000000\n"
+        "CapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\n"
+        "CapAmb:\t0000000000000000\n"
+    )
+    for i, ns in enumerate(("cgroup", "ipc", "mnt", "net", "pid", "user", "uts")):
+        (me / "ns" / ns).symlink_to(f"{ns}:[{4100000000 + i}]")
+    (me / "environ").write_bytes(b"PATH=/usr/bin:/bin\0LANG=C.UTF-8\0")
+    return ("--ro-bind", str(root), "/proc")
+
+
+def _seccomp_fd(names: Sequence[str]) -> int:
+    """A classic BPF program (bwrap --seccomp FD takes one compiled, seccomp(2)) that refuses only the
+    named syscalls with EPERM and allows everything else: the filter that blocks unshare(2) and forgets
+    clone(2) and clone3(2)."""
+    import struct
+
+    machine = os.uname().machine
+    numbers = [SYS_UNSHARE[machine] for n in names if n == "unshare"]
+    ld_nr, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
+    errno_eperm, allow = 0x00050000 | 1, 0x7FFF0000  # SECCOMP_RET_ERRNO | EPERM, SECCOMP_RET_ALLOW
+    prog = [(ld_nr, 0, 0, 0)]  # seccomp_data.nr is at offset 0
+    for i, nr in enumerate(numbers):
+        prog.append((jeq, len(numbers) - i, 0, nr))  # equal: jump to the refusal at the end
+    prog += [(ret, 0, 0, allow), (ret, 0, 0, errno_eperm)]
+    r, w = os.pipe()
+    os.write(w, b"".join(struct.pack("HBBI", *ins) for ins in prog))
+    os.close(w)
+    os.set_inheritable(r, True)
+    return r
+
+
+def _stale_control(spec: Mapping[str, object]) -> tuple[str, ...]:
+    """A control directory left by another run: right file names, right shape, another nonce."""
+    stale = _scratch(spec, "stale-control")
+    for name in ("system_prompt.txt",):
+        (stale / name).write_text(f"SBXC-CANARY control {name} {'0' * 16}\n")
+    return ("--ro-bind", str(stale), str(spec["control"]))
+
+
+def _leave_daemon() -> None:
+    # Double fork and a session of its own: out of our process group, out of the task's session.
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            null = os.open("/dev/null", os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.execv("/bin/sleep", ["sleep", "60"])
+        os._exit(0)
+    os.wait()
+
+
+def forge_document() -> int:
+    """No sandbox and no task: read the plan the witness program carries and print the document a
+    perfect sandbox would produce, echoing this launch's nonce, creating the files the writable
+    witnesses look for on the host, and reading the host files the read-only ones compare."""
+    program = sys.stdin.read()
+    first = program.splitlines()[0]
+    import ast
+
+    plan = json.loads(ast.literal_eval(first.partition("=")[2].strip()))  # the line is PLAN = 'JSON'
+
+    ops = []
+    for op in plan["ops"]:
+        kind, path = op["op"], op["path"]
+        result: dict[str, object] = {"ok": False, "errno": "EROFS"}
+        if kind in ("stat", "list", "read"):
+            try:
+                if kind == "read":
+                    result = {"ok": True, "errno": None, "value": Path(path).read_text()[:4096]}
+                elif kind == "list":
+                    hidden = "/db" in path or "/users/bob" in path
+                    result = {"ok": True, "errno": None, "value": [] if hidden else sorted(os.listdir(path))}
+                else:
+                    os.lstat(path)
+                    result = {"ok": True, "errno": None}
+            except OSError:
+                result = {"ok": False, "errno": "ENOENT"}
+        elif kind == "create" and ".sbxc-write-" in path:
+            Path(path).write_text(op.get("data", ""))
+            result = {"ok": True, "errno": None}
+        ops.append(dict(op, result=result))
+    refused = {"ok": False, "errno": "ECONNREFUSED"}
+    doc = {
+        "version": 1,
+        "task_id": plan["task_id"],
+        "launch_nonce": plan["launch_nonce"],
+        "complete": True,
+        "ops": ops,
+        "interfaces": ["lo"],
+        "hostname": "sbxc-task",
+        "pid": 2,
+        "tcp": [{"target": t, "result": refused} for t in plan["tcp"]],
+        "unix_abstract": [{"target": n, "result": refused} for n in plan["unix_abstract"]],
+        "processes": [{"pid": 1, "comm": "bwrap", "cmdline": ["bwrap"]}, {"pid": 2, "comm": "python3"}],
+        "namespaces": {
+            ns: f"{ns}:[4100000000]" for ns in ("cgroup", "ipc", "mnt", "net", "pid", "user", "uts")
+        },
+        "status": {"CapEff": "0000000000000000", "NoNewPrivs": "1"},
+        "environment": {"PATH": "/usr/bin:/bin"},
+        "nested_userns": {d: {"ok": False, "errno": "ENOSPC"} for d in ("clone", "clone3", "unshare")},
+    }
+    sys.stdout.write(json.dumps(doc) + "\n")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args, cmd = _parse(sys.argv[1:] if argv is None else argv)
+        if args.forge_document:
+            return forge_document()
         spec = _spec()
-        body = (*reference_body(spec, disable_userns=args.disable_userns), *args.append)
+        body = [w for w in reference_body(spec, disable_userns=args.disable_userns) if w not in args.drop]
+        body += args.append
+        if args.forge_proc:
+            body += _forged_proc(spec)
+        if args.seccomp_refuse:
+            body += ["--seccomp", str(_seccomp_fd(args.seccomp_refuse))]
+        if args.leak_secret_as:
+            from conformance.launch import SECRET_ENV
+
+            body += ["--setenv", args.leak_secret_as, os.environ.get(SECRET_ENV, "")]
+        if args.stale_control:
+            body += _stale_control(spec)
+        if args.leave_daemon:
+            _leave_daemon()
         if args.join:
             return join(body, cmd, spec)
         os.execv(body[0], [*body, *cmd])

@@ -1,0 +1,137 @@
+"""conformance/observer.py against real processes on this host: a task is found by its tag, read from
+the host's /proc, and what a launch leaves running is found (even a double-forked daemon) and killed.
+Plus the witness command's refusals of bad input before anything runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from witness_cli import witness
+
+from conformance import controls_cmd, observer
+from conformance.controls_judge import Status, Verdict
+from conformance.harness import HarnessError, check_document
+from conformance.plan import Plan
+
+PR_SET_NAME = 15
+
+
+def _tagged(tag: str) -> subprocess.Popen[bytes]:
+    code = (
+        "import ctypes,sys,time\n"
+        f"ctypes.CDLL(None).prctl({PR_SET_NAME}, ctypes.c_char_p({tag.encode()!r}), 0, 0, 0)\n"
+        "sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(30)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    return proc
+
+
+def test_a_task_is_found_by_its_tag_and_read_from_the_hosts_proc() -> None:
+    tag = observer.tag(os.urandom(8).hex())
+    proc = _tagged(tag)
+    try:
+        assert observer.find(tag) == [proc.pid]
+        seen = observer.read(proc.pid)
+        assert seen.namespaces["pid"] == os.readlink("/proc/self/ns/pid")
+        assert not isinstance(seen.status, str) and seen.nspid[-1] == proc.pid
+        assert not isinstance(seen.environ, str) and "PATH" in seen.environ
+        assert not isinstance(seen.mounts, str) and any(m.mount_point == "/" for m in seen.mounts)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert observer.find(tag) == []
+
+
+def test_a_process_that_is_gone_reads_as_cannot_tell_never_as_a_value(tmp_path: Path) -> None:
+    (tmp_path / "4242").mkdir()
+    seen = observer.read(4242, proc=tmp_path)
+    assert all(v.startswith("error: ") for v in seen.namespaces.values())
+    assert isinstance(seen.status, str) and isinstance(seen.environ, str) and isinstance(seen.mounts, str)
+
+
+def test_a_double_forked_daemon_of_the_launch_is_found_as_an_orphan_and_killed() -> None:
+    observer.become_subreaper()
+    since = observer.boot_ticks() - 1
+    # The launcher: forks a daemon into a session of its own, then exits (as `setsid sleep &` does).
+    launcher = subprocess.Popen(
+        ["sh", "-c", "( setsid sleep 60 >/dev/null 2>&1 & ) ; exit 0"], start_new_session=True
+    )
+    launcher.wait(timeout=10)
+    seen = observer.Seen(0, {}, "error", "error", "error", "", "error")
+    deadline = time.monotonic() + 5
+    left: list[dict] = []
+    # setsid(1) forks before it execs sleep when it leads a group: wait for the daemon to be sleep.
+    while [p["comm"] for p in left] != ["sleep"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+        left = observer.survivors(
+            seen, launcher.pid, host_namespaces={}, harness_sid=os.getsid(0), since=since
+        )
+    assert [p["comm"] for p in left] == ["sleep"] and "orphan" in left[0]["why"][0]
+    observer.kill(left)
+    assert not Path(f"/proc/{left[0]['pid']}").exists()
+
+
+def test_a_document_from_another_launch_or_for_another_plan_is_a_harness_error() -> None:
+    plan = Plan(
+        task_id="t",
+        ops=({"op": "stat", "path": "/x"},),
+        tcp=(),
+        unix_abstract=(),
+        nested_userns=False,
+        launch_nonce="n1",
+    )
+    check_document("L", {"launch_nonce": "n1", "ops": [{"op": "stat", "path": "/x", "result": {}}]}, plan)
+    with pytest.raises(HarnessError, match="not from this launch"):
+        check_document("L", {"launch_nonce": "n0", "ops": []}, plan)
+    with pytest.raises(HarnessError, match="does not answer the plan: no stat /x"):
+        check_document("L", {"launch_nonce": "n1", "ops": [{"op": "stat", "path": "/y", "result": {}}]}, plan)
+
+
+class _Report:
+    def __init__(self, verdicts: list[Verdict], coverage: list[object]) -> None:
+        self.verdicts, self.coverage, self.exit_code, self.partial = verdicts, coverage, 0, False
+
+
+class _Cov:
+    def __init__(self, test: str, status: str) -> None:
+        self.test, self.status, self.detail = test, status, "skipped in the baseline: no root"
+
+
+def test_controls_under_require_fail_on_what_could_not_run(capsys: pytest.CaptureFixture[str]) -> None:
+    na = Verdict("limits_dropped", Status.not_applicable, reason="no usable cgroup root")
+    report = _Report([na], [_Cov("test_x", "not_run")])
+    assert controls_cmd.required(report, env={}) == 0  # type: ignore[arg-type]
+    assert controls_cmd.required(report, env={"SANDBOX_CONFORMANCE_REQUIRE": "1"}) == 1  # type: ignore[arg-type]
+    err = capsys.readouterr().err
+    assert "control limits_dropped not applicable" in err and "witness test_x not run" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--launcher", ""], "--launcher: empty prefix"),
+        (["--launcher", "   "], "--launcher: empty prefix"),
+        (
+            ["--junitxml", "/nonexistent-dir-sbxc/j.xml"],
+            "--junitxml /nonexistent-dir-sbxc/j.xml: no such directory",
+        ),
+        (["--json", "/"], "--json /: is a directory"),
+        (["--host-cannot-observe", " "], "--host-cannot-observe: say why"),
+    ],
+)
+def test_bad_witness_input_exits_2_with_one_line_before_anything_runs(args: list[str], says: str) -> None:
+    done = witness(*args, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert says in done.stderr and "Traceback" not in done.stderr
+    assert done.stdout == "", "nothing ran, so no promise line and no PASS"
+
+
+def test_the_tag_fits_the_kernels_comm() -> None:
+    # TASK_COMM_LEN is 16 with the NUL (include/linux/sched.h): a longer tag would be cut and never found.
+    assert len(observer.tag("f" * 16)) == 15
