@@ -37,6 +37,8 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from probes import cancel, owner
+
 # The exit status the shim uses when it could not enter the leaf (what env(1) and timeout(1) use
 # for "the wrapper itself failed"): the task never ran.
 ENTER_FAILED = 125
@@ -262,8 +264,14 @@ def make_leaf(root: Path, name: str, limits: Limits, *, fs: CgroupFs | None = No
 def task_leaf(
     root: Path, name: str, limits: Limits, *, fs: CgroupFs | None = None, timeout: float = 5.0
 ) -> Iterator[Leaf]:
-    """A leaf for one task; on the way out (normal or not) kill whatever is left and remove it."""
+    """A leaf for one task; on the way out (normal or not, a cancelled run too) kill whatever is left
+    and remove it. A real leaf is also registered with the guardian, which does the same if we are
+    SIGKILLed, and the leaves a dead run left under this root are swept first (probes/owner.py)."""
+    real = fs is None
+    if real:
+        _sweep_once(root)
     leaf = make_leaf(root, name, limits, fs=fs)
+    key = cancel.guard_cgroup(leaf.path) if real else None
     try:
         yield leaf
     finally:
@@ -271,10 +279,22 @@ def task_leaf(
             leaf.kill(timeout=timeout)
         finally:
             leaf.remove(timeout=timeout)
+            if key is not None:
+                cancel.done(key)
+
+
+_swept: set[Path] = set()
+
+
+def _sweep_once(root: Path) -> None:
+    if root not in _swept:
+        _swept.add(root)
+        owner.say(owner.sweep_cgroup(root))
 
 
 def unique_name(prefix: str = "task") -> str:
-    return f"{prefix}-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+    """`<prefix>-<owner stamp>-<n>`: the stamp lets the next run sweep a leaf a SIGKILL left."""
+    return f"{prefix}-{owner.stamp()}-{time.monotonic_ns() % 10**9}"
 
 
 def read_own_cgroup(proc_self_cgroup: str) -> str | None:

@@ -30,6 +30,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from probes import owner
+
 TEMP_PREFIX = "sbxc-witness-"
 USER = "alice"
 OTHER_USER = "bob"
@@ -124,7 +126,10 @@ def create(
     temp_root: str | None = None,
 ) -> Layout:
     """Create a fresh layout. The caller removes it with `remove` (see `layout()` for the guard)."""
-    root = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=temp_root))
+    # The owner's stamp in the name: a run that is SIGKILLed leaves this behind, and the next run's
+    # sweep, here, removes it once that owner is gone (probes/owner.py).
+    owner.sweep_once()
+    root = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{owner.stamp()}-", dir=temp_root))
     try:
         root.chmod(0o755)  # mkdtemp makes 0700; an --as-user task must traverse it
         uid, gid = _owner(as_user)

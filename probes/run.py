@@ -1,10 +1,18 @@
-"""The one subprocess wrapper: a timeout always, the whole process group killed, a minimal env."""
+"""The one subprocess wrapper: a timeout always, the whole process group killed, a minimal env.
+
+Every child dies with us: it gets a parent-death signal (PR_SET_PDEATHSIG, SIGKILL unless the caller
+names a gentler one for a child of ours that cleans up after itself), and its process group is
+tracked for probes/cancel.py (stopped on SIGTERM/SIGINT/SIGHUP, and by the guardian if we are
+SIGKILLed). The kernel sends the parent-death signal when the THREAD that forked the child exits, not
+the process (prctl(2)): run() never returns while its child runs, so the calling thread always
+outlives it, whichever thread that is."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import errno
+import functools
 import os
 import signal
 import subprocess
@@ -12,6 +20,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
+
+from probes import cancel
 
 # The environment a child gets unless the caller says otherwise: enough to find binaries and speak
 # UTF-8, nothing that could carry a secret into a probe or a sandbox.
@@ -56,9 +66,58 @@ def minimal_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# A cancelled run gives each child group this long between SIGTERM and SIGKILL: enough for a witness
+# run of ours to remove its layout and leaves, or an OCI launcher to delete its container.
+STOP_GRACE = 10.0
+
+
 def kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+@functools.cache
+def _set_pdeathsig() -> Callable[[int], object]:
+    """python-prctl's set_pdeathsig; libc's prctl(2) through ctypes where the package is not importable
+    (runners/vm_selfcheck.py runs under `python3 -I -S` in the VM, without site-packages)."""
+    try:
+        import prctl  # python-prctl
+
+        return prctl.set_pdeathsig  # type: ignore[no-any-return]
+    except ImportError:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return lambda sig: libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
+    """A Popen preexec_fn: the child gets `sig` when the thread that started it exits. Everything it
+    calls is bound here, in the parent: the child of a threaded process must not import (the import
+    lock may be held by a thread that does not exist in the child). If the parent already died
+    between fork and prctl, getppid() is no longer the forking process: exit."""
+    parent = os.getpid()
+    set_pdeathsig = _set_pdeathsig()
+
+    def preexec() -> None:
+        set_pdeathsig(sig)
+        if os.getppid() != parent:
+            os._exit(125)
+
+    return preexec
+
+
+def stop(proc: subprocess.Popen[str], grace: float = STOP_GRACE) -> None:
+    """The orderly stop of a child's group: SIGTERM, up to `grace` for the leader to exit, SIGKILL."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace)
+    kill_group(proc.pid)
+    proc.wait()
 
 
 def run(
@@ -71,6 +130,7 @@ def run(
     capture: bool = True,
     on_line: Callable[[str], None] | None = None,
     after_exit: Callable[[int], None] | None = None,
+    die_with: int = signal.SIGKILL,
 ) -> Completed:
     """Run argv in a new session; on timeout SIGKILL its whole process group and reap it.
 
@@ -78,8 +138,15 @@ def run(
     build the user must see live); the result then carries no output.
     on_line: called (in a reader thread) with each stdout line as it arrives, while the child runs.
     after_exit: called with the process group id once the leader has exited, BEFORE the rest of its
-    group is killed, so the caller can see what the child left running."""
+    group is killed, so the caller can see what the child left running.
+    die_with: the child's parent-death signal; SIGTERM for a child of ours that cleans up after
+    itself (a witness run under `run` or `controls`). Interrupted (a Cancelled, any exception), run()
+    stops the child's group (SIGTERM, STOP_GRACE, SIGKILL) before it re-raises."""
     argv = tuple(str(a) for a in argv)
+    if cancel.received() is not None and threading.current_thread() is not threading.main_thread():
+        # Cancelled: a worker thread starts nothing new. The main thread may, on its way out: its
+        # clean-up (`docker rm --force`) runs through here.
+        cancel.check()
     started = time.monotonic()
     pipe = subprocess.PIPE if capture else None
     try:
@@ -93,6 +160,7 @@ def run(
             text=True,
             errors="replace",
             start_new_session=True,
+            preexec_fn=die_with_parent(die_with),
         )
     except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
         return Completed(argv, 127, "", f"{argv[0]}: {e.strerror}", 0.0, not_found=True)
@@ -100,21 +168,26 @@ def run(
         # fork(2) refused with EAGAIN: RLIMIT_NPROC or pids.max exhausted. A fact about the host,
         # reported as a failed start, not a crash of whoever asked.
         return Completed(argv, None, "", f"{argv[0]}: fork: {errno.errorcode[e.errno]}", 0.0)
-    if on_line is not None or after_exit is not None:
-        return _streamed(proc, argv, input, timeout, started, on_line, after_exit)
+    cancel.track(proc.pid, signal.SIGTERM)
     try:
-        out, err = proc.communicate(input, timeout=timeout)
-        # The leader exited; anything it left in its group (a daemonised grandchild) goes too.
-        kill_group(proc.pid)
-        return Completed(argv, proc.returncode, out or "", err or "", time.monotonic() - started)
-    except subprocess.TimeoutExpired:
-        kill_group(proc.pid)
-        out, err = proc.communicate()
-        return Completed(argv, None, out or "", err or "", time.monotonic() - started, timed_out=True)
-    except BaseException:
-        kill_group(proc.pid)
-        proc.wait()
-        raise
+        if on_line is not None or after_exit is not None:
+            return _streamed(proc, argv, input, timeout, started, on_line, after_exit)
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+            # The leader exited; anything it left in its group (a daemonised grandchild) goes too.
+            kill_group(proc.pid)
+            return Completed(argv, proc.returncode, out or "", err or "", time.monotonic() - started)
+        except subprocess.TimeoutExpired:
+            kill_group(proc.pid)
+            out, err = proc.communicate()
+            return Completed(argv, None, out or "", err or "", time.monotonic() - started, timed_out=True)
+        except BaseException:
+            stop(proc)
+            if not capture:
+                cancel.stopped_sharing_output()
+            raise
+    finally:
+        cancel.untrack(proc.pid)
 
 
 def _streamed(
@@ -171,6 +244,9 @@ def _streamed(
             t.join(timeout=1.0)
         if not timed_out and after_exit is not None:
             after_exit(proc.pid)
+    except BaseException:
+        stop(proc)
+        raise
     finally:
         kill_group(proc.pid)
         with contextlib.suppress(subprocess.TimeoutExpired):

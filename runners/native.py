@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -41,4 +42,6 @@ def delegate_argv(run_argv: Sequence[str], *, systemd_run: str, python: str = sy
 def run_native(options: WitnessOptions, *, timeout: float,
                environ: Mapping[str, str] | None = None) -> int | None:
     env = native_env(os.environ if environ is None else environ)
-    return run(witness_argv(options), timeout=timeout, env=env, capture=False).returncode
+    # SIGTERM if we die: the witness run is ours and removes its own layout and leaves on the way out.
+    return run(witness_argv(options), timeout=timeout, env=env, capture=False,
+               die_with=signal.SIGTERM).returncode

@@ -5,7 +5,8 @@ SANDBOX_CONFORMANCE_MODE and SANDBOX_CONFORMANCE_PRINT_MODE=1 are the environmen
 
 Exit 0 green, 1 the suite went red, 2 usage or input error, 75 did not run. Every run ends with one
 verdict line on stderr, `sandbox-conformance: PASS mode=native exit=0 time=3.1s` (or REFUSED, FAIL,
-ERROR), so a run read through a pipe still says how it went. `--print-mode` prints the mode and its
+ERROR, or KILLED-SIGTERM with exit 143 for a run stopped by a signal: docs/cancellation.md), so a run
+read through a pipe still says how it went. `--print-mode` prints the mode and its
 reasons on stdout and runs nothing (exit 0, or 75 when the decision is a refusal)."""
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import argparse
 import os
 import pwd
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Mapping
 
+from probes import cancel
 from probes.collect import collect
 from probes.finding import Finding
 from probes.host import Host
@@ -89,11 +92,21 @@ def render(decision: Decision, requested: Mode) -> list[str]:
 
 
 class _Verdict:
-    """Prints the one verdict line, whatever path the run leaves by."""
+    """Prints the one verdict line, whatever path the run leaves by (a cancelled run's is printed by
+    probes/cancel.py, with the mode known at that moment)."""
 
     def __init__(self, requested: Mode) -> None:
         self.started = time.monotonic()
         self.mode = str(requested)
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: str) -> None:
+        self._mode = mode
+        cancel.set_label(mode)
 
     def done(self, code: int, word: str | None = None) -> int:
         word = word or VERDICTS.get(code, "ERROR")
@@ -181,7 +194,10 @@ def _run_delegated(args: argparse.Namespace) -> int:
     argv = native.delegate_argv(_rerun_argv(args), systemd_run=systemd_run)
     _say("re-executing under " + " ".join(argv[:6]))
     # The user manager is found through XDG_RUNTIME_DIR / DBUS_SESSION_BUS_ADDRESS: pass ours on.
-    return _witness_code(run(argv, timeout=args.timeout + 60, env=dict(os.environ), capture=False).returncode)
+    # SIGTERM if we die: systemd-run then stops the transient unit it waits for (not tested here: no
+    # systemd on the machine this was written on).
+    return _witness_code(run(argv, timeout=args.timeout + 60, env=dict(os.environ), capture=False,
+                             die_with=signal.SIGTERM).returncode)
 
 
 def _run_container(args: argparse.Namespace, options: witness_args.WitnessOptions,

@@ -43,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from probes import owner
 from probes.run import Runner, minimal_env, run
 from runners import vm_image
 from runners.vm_image import VmImage
@@ -358,7 +359,7 @@ def select_accel(image: VmImage, *, runner: Runner = run, env: Mapping[str, str]
         return Accel(text)
     accel = Accel.tcg
     if kvm_usable_device():
-        with tempfile.TemporaryDirectory(prefix="sbxc-kvm-trial-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=f"sbxc-kvm-trial-{owner.stamp()}-") as tmp:
             trial = run_in_vm(["/bin/true"], workdir=Path(tmp), timeout=KVM_TRIAL_TIMEOUT, image=image,
                               accel=Accel.kvm, memory_mb=256, cpus=1, runner=_trial_runner(runner))
         if trial.exit_code == 0:

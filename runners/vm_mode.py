@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from probes import owner
 from probes.run import minimal_env
 from runners import vm, vm_image
 from runners.errors import EXIT_DID_NOT_RUN, EXIT_FAIL
@@ -98,7 +99,10 @@ def run_vm(options: WitnessOptions, *, timeout: float, say: Callable[[str], None
         return EXIT_DID_NOT_RUN
     leg_specs = legs(options)
     # /var/tmp: on the host's / (never a tmpfs the guest would not see through 9p), and outside /run.
-    with tempfile.TemporaryDirectory(prefix="sbxc-vm.", dir="/var/tmp") as tmp:
+    # The owner's stamp in the name: a run that is SIGKILLed leaves this behind (qemu dies with it),
+    # and the next run sweeps it, here (probes/owner.py).
+    owner.sweep_once()
+    with tempfile.TemporaryDirectory(prefix=f"sbxc-vm.{owner.stamp()}.", dir="/var/tmp") as tmp:
         workdir = Path(tmp)
         opts, reports = inside_options(options, workdir)
         summary = workdir / "summary.json"

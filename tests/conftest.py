@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,20 @@ def expected_skips() -> dict[str, str]:
                 nodeid, _, reason = line.partition("|")
                 out[nodeid.strip()] = reason.strip()
     return out
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # once: a second signal would only abort the teardown
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A cancelled `make test` tears its fixtures down (the Docker tier's dockerd, VM scratch) as ^C
+    # does: SIGTERM and SIGHUP become the same KeyboardInterrupt (docs/cancellation.md).
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _interrupt)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -13,6 +13,12 @@ Teardown, whatever happened: remove containers and images, stop dockerd (SIGTERM
 process group), kill anything else still running from our exec root (containerd, shims), unmount
 whatever is left under the temp dir, remove it.
 
+A cancelled `make test` (docs/cancellation.md): ^C, SIGTERM or SIGHUP stop pytest through a
+KeyboardInterrupt (tests/conftest.py), so this teardown runs. A SIGKILL runs nothing: dockerd gets
+SIGTERM from the kernel as its parent-death signal and stops its containers and containerd, and the
+temp dir and cgroup parent, both named with pytest's owner stamp (probes/owner.py), are swept by
+the next tier that starts (`sweep_dead_tiers`), which says what it removed.
+
 Missing prerequisites (not root, no dockerd/docker/debootstrap) skip with that reason, which
 SANDBOX_CONFORMANCE_REQUIRE=1 turns into a failure; anything else that fails is an error."""
 
@@ -25,6 +31,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -32,7 +39,8 @@ from pathlib import Path
 
 import pytest
 
-from probes.run import Completed, run
+from probes import owner
+from probes.run import Completed, die_with_parent, run
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("SANDBOX_CONFORMANCE_CACHE", "/var/cache/sandbox-conformance"))
@@ -173,6 +181,29 @@ def teardown(tmp: Path, daemon: subprocess.Popen[bytes] | None, docker: str,
     return forced
 
 
+def sweep_dead_tiers(docker: str, tmp_root: Path | None = None, fs: Path = CGROUP_FS) -> list[str]:
+    """What tiers whose pytest is gone (SIGKILLed, crashed) left: their temp dirs (processes naming
+    them, mounts, the tree) and cgroup parents (processes in them, the tree). Only stamped names whose
+    owner is gone: a concurrent `make test`'s live tier, or an unstamped one, is never touched."""
+    said = []
+    for tmp in sorted(Path(tmp_root or tempfile.gettempdir()).glob("sbxc-docker.o*")):
+        found = owner.find(tmp.name)
+        if found is not None and owner.gone(found):
+            forced = teardown(tmp, None, docker, {})
+            said.append(f"swept {tmp}: its pytest (pid {found.pid}) is gone"
+                        + (f" ({'; '.join(forced)})" if forced else ""))
+    tops = sorted(fs.glob("sbxc-docker-o*")) + sorted(fs.glob("*/sbxc-docker-o*")) if fs.is_dir() else []
+    for top in tops:
+        found = owner.find(top.name)
+        if top.is_dir() and found is not None and owner.gone(found):
+            problem = owner.remove_cgroup(top)
+            said.append(f"swept cgroup {top}: its pytest (pid {found.pid}) is gone"
+                        + (f" ({problem})" if problem else ""))
+    for line in said:
+        print(f"docker tier: {line}", file=sys.stderr)
+    return said
+
+
 def _wait_for_daemon(docker: str, env: dict[str, str], daemon: subprocess.Popen[bytes], log: Path,
                      timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
@@ -190,7 +221,9 @@ def _wait_for_daemon(docker: str, env: dict[str, str], daemon: subprocess.Popen[
 def docker_tier_up() -> Iterator[DockerTier]:
     dockerd, docker = _prerequisites()
     started = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix="sbxc-docker."))
+    sweep_dead_tiers(docker)
+    stamp = owner.stamp()  # this pytest's: see the module doc
+    tmp = Path(tempfile.mkdtemp(prefix=f"sbxc-docker.{stamp}."))
     (tmp / "home" / ".docker").mkdir(parents=True)
     (tmp / "daemon.json").write_text("{}\n")  # never the host's /etc/docker/daemon.json
     host = f"unix://{tmp}/docker.sock"
@@ -201,7 +234,7 @@ def docker_tier_up() -> Iterator[DockerTier]:
     tag = secrets.token_hex(4)
     # Without this dockerd files its containers under a `docker` cgroup in every hierarchy of the host
     # and never removes it; a parent named for this run is one teardown can find and remove.
-    cgroup_parent = f"sbxc-docker-{tag}"
+    cgroup_parent = f"sbxc-docker-{stamp}-{tag}"
     try:
         with log.open("wb") as out:
             daemon = subprocess.Popen(
@@ -210,7 +243,10 @@ def docker_tier_up() -> Iterator[DockerTier]:
                  # No docker0 bridge and no iptables chains: nothing on the host outlives the daemon.
                  "--bridge", "none", "--iptables=false", "--ip-masq=false",
                  "--exec-opt", "native.cgroupdriver=cgroupfs", "--cgroup-parent", f"/{cgroup_parent}"],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                # SIGTERM when pytest dies: dockerd then stops its containers and containerd. Started
+                # from pytest's main thread, which lives as long as the session (probes/run.py).
+                preexec_fn=die_with_parent(signal.SIGTERM))
         _wait_for_daemon(docker, env, daemon, log)
         tarball = _need(run([str(REPO / "scripts" / "docker-base-image"), str(CACHE)], timeout=1000),
                         "debootstrap of the base image").stdout.strip().splitlines()[-1]

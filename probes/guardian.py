@@ -1,0 +1,157 @@
+"""The guardian: a small process that outlives its owner (a `sandbox-conformance` command) and undoes
+what the owner left running when it dies without its own clean-up, that is, by SIGKILL.
+
+    python3 -I -S probes/guardian.py OWNER_PID      # stdin: the owner's end of a pipe
+
+It reads one JSON line per registration from stdin, which only its owner can write (probes/cancel.py):
+    {"key": 3, "group": 4242, "signal": 15}              a process group the owner started
+    {"key": 4, "cgroup": "/sys/fs/cgroup/.../task-..."}  a cgroup leaf the owner made
+    {"key": 5, "argv": [...], "env": {...}, "timeout": 60} a command that undoes something (docker rm)
+    {"done": 3}                                          the owner undid it itself
+EOF on stdin means the owner is gone, however it went (the kernel closes a dead process's pipes). The
+owner's own path ends with nothing registered, so then the guardian just exits. Otherwise it stops
+every group still registered (its stop signal, then SIGKILL after GRACE seconds), kills and removes
+every cgroup leaf, runs every command, says so on stderr, and exits.
+
+It runs in a session of its own (a group kill aimed at the owner's children never reaches it), gets
+no parent-death signal, and is stdlib-only under `-I -S`: it must start in milliseconds and import
+nothing a broken venv could break. A process group is identified by its number: the kernel does not
+reuse a pid while a process group of that number has members, and the owner forgets a group as soon
+as it has reaped it, so the guardian signals either that group or nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+GRACE = 5.0  # seconds between a group's stop signal and SIGKILL
+PROG = "sandbox-conformance guardian"
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def stop_groups(groups: dict[int, int], grace: float = GRACE) -> list[str]:
+    done = []
+    for pgid, sig in groups.items():
+        if _group_alive(pgid):
+            _signal(pgid, sig)
+            done.append(f"stopped process group {pgid}")
+    deadline = time.monotonic() + grace
+    while any(_group_alive(g) for g in groups) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pgid in groups:
+        if _group_alive(pgid):
+            _signal(pgid, signal.SIGKILL)
+            done.append(f"killed process group {pgid}")
+    return done
+
+
+def remove_cgroup(path: Path, timeout: float = 10.0) -> str:
+    """cgroup.kill, then rmdir bottom-up (probes/owner.py remove_cgroup: duplicated here, this file
+    imports nothing of ours)."""
+    if not path.is_dir():
+        return ""
+    with contextlib.suppress(OSError):
+        (path / "cgroup.kill").write_text("1")
+    deadline = time.monotonic() + timeout
+    dirs = sorted((p for p in [path, *path.rglob("*")] if p.is_dir()), key=lambda p: len(p.parts),
+                  reverse=True)
+    while True:
+        pids = []
+        for d in dirs:
+            with contextlib.suppress(OSError):
+                pids += [int(x) for x in (d / "cgroup.procs").read_text().split()]
+        if not pids or time.monotonic() > deadline:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)
+    for d in dirs:
+        while True:
+            try:
+                d.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError as e:
+                if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                    return f"could not remove cgroup {d}: {errno.errorcode.get(e.errno or 0, e.errno)}"
+                time.sleep(0.02)
+    return f"removed cgroup {path}"
+
+
+def run_command(argv: list[str], env: dict[str, str] | None, timeout: float) -> str:
+    try:
+        done = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=timeout, check=False, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        return f"ran {' '.join(argv)}: timed out after {timeout:.0f} s"
+    except OSError as e:
+        return f"could not run {argv[0]}: {e.strerror}"
+    return f"ran {' '.join(argv)}: exit {done.returncode}"
+
+
+def undo(entries: dict[int, dict]) -> list[str]:
+    """Everything still registered, newest first within each kind: processes, then cgroups, then
+    commands (a container is removed once nothing of ours still talks to it)."""
+    ordered = [entries[k] for k in sorted(entries, reverse=True)]
+    groups = {int(e["group"]): int(e.get("signal", signal.SIGKILL)) for e in ordered if "group" in e}
+    said = stop_groups(groups)
+    for e in ordered:
+        if "cgroup" in e:
+            said.append(remove_cgroup(Path(e["cgroup"])))
+    for e in ordered:
+        if "argv" in e:
+            said.append(run_command(list(e["argv"]), e.get("env"), float(e.get("timeout", 60))))
+    return [s for s in said if s]
+
+
+def main(argv: list[str]) -> int:
+    owner = argv[1] if len(argv) > 1 else "?"
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGPIPE):
+        # A terminal's ^C reaches the owner's process group, not us; but a stray SIGTERM or SIGHUP
+        # (a logout, `kill -- -SID`) must not take the guardian before its owner: the owner's own
+        # stop path closes our stdin, which is how we end.
+        signal.signal(sig, signal.SIG_IGN)
+    entries: dict[int, dict] = {}
+    for line in sys.stdin.buffer:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        if "done" in msg:
+            entries.pop(int(msg["done"]), None)
+        elif "key" in msg:
+            entries[int(msg["key"])] = msg
+    if not entries:
+        return 0
+    said = undo(entries)
+    with contextlib.suppress(OSError):
+        for s in said:
+            print(f"{PROG}: pid {owner} is gone: {s}", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,311 @@
+"""Who owns what a run leaves on the host, and the sweep that removes what a dead run left.
+
+Every directory, cgroup leaf and container a run creates carries its owner's stamp in its name,
+`o<pid>.<start>.<host>`, from the moment it exists (so a SIGKILL between creating it and labelling
+it cannot leave an unlabelled one):
+- `pid` and `start`, the process's start time (proc(5), /proc/PID/stat field 22, clock ticks since
+  boot): a pid alone is reused, the pair names one process for the life of the kernel;
+- `host`, 8 hex digits of a hash of the boot id and our pid namespace: a pid means something only in
+  the boot and the namespace it was read in.
+
+The sweep (`sweep`, `sweep_cgroup`) removes an item only when its stamp is from this boot and this
+pid namespace and that process is gone. A live run's items are never touched, nor anything without a
+stamp (not ours), nor a stamp from another boot or pid namespace: a VM guest sees its host's
+/var/tmp through 9p, a sandbox sharing /tmp sees its host's; neither can tell whether that owner
+lives. A previous boot's leftovers are the OS's to clean (systemd-tmpfiles: /tmp at boot, /var/tmp
+by age). Stdlib only (the guardian and the VM's guest import nothing else)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import hashlib
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+# The directories runs leave, by the prefix each module gives mkdtemp (kept in step with
+# conformance/layout.py, conformance/adapters/oci.py, conformance/controls_cmd.py,
+# runners/vm_mode.py, runners/vm.py, runners/container.py; tests/test_cancel.py checks them).
+SWEPT_PREFIXES = ("sbxc-witness-", "sbxc-oci-", "sbxc-controls-", "sbxc-container.", "sbxc-vm.",
+                  "sbxc-kvm-trial-")
+VAR_TMP = "/var/tmp"  # where the VM's scratch lives: on the host's /, visible to the guest over 9p
+OCI_RUNTIMES = ("crun", "runc")
+KILL_TIMEOUT = 10.0
+
+_STAMP = re.compile(r"o(\d+)\.(\d+)\.([0-9a-f]{8})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stamp:
+    pid: int
+    start: int  # clock ticks after boot
+    host: str  # boot id + pid namespace, hashed
+
+    def __str__(self) -> str:
+        return f"o{self.pid}.{self.start}.{self.host}"
+
+
+def start_time(pid: int | str, proc: Path = Path("/proc")) -> int | None:
+    """/proc/PID/stat field 22, or None when there is no such process. A zombie is dead: it only
+    waits to be reaped."""
+    try:
+        text = (proc / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # proc(5): comm is in parentheses and may hold anything; the fields resume after the LAST ')'.
+    rest = text[text.rindex(")") + 2:].split()
+    if rest[0] in ("Z", "X"):
+        return None
+    return int(rest[19])
+
+
+def host_key(proc: Path = Path("/proc")) -> str:
+    try:
+        boot = (proc / "sys/kernel/random/boot_id").read_text().strip()
+        pidns = os.readlink(proc / "self/ns/pid")
+    except OSError:
+        return "unknown"  # no stamp matches it: this process judges nobody gone, and is never judged
+    return hashlib.sha256(f"{boot} {pidns}".encode()).hexdigest()[:8]
+
+
+_mine: dict[int, Stamp] = {}
+
+
+def mine() -> Stamp:
+    """This process's stamp (read once per process: a forked child has its own). Without a readable
+    /proc it is one no name can carry (start -1, host "unknown"): nothing is ever swept then."""
+    pid = os.getpid()
+    if pid not in _mine:
+        try:
+            start = start_time(pid)
+        except OSError:
+            start = None
+        _mine[pid] = Stamp(pid, -1, "unknown") if start is None else Stamp(pid, start, host_key())
+    return _mine[pid]
+
+
+def stamp() -> str:
+    return str(mine())
+
+
+def find(name: str) -> Stamp | None:
+    m = _STAMP.search(name)
+    return Stamp(int(m[1]), int(m[2]), m[3]) if m else None
+
+
+def gone(owner: Stamp, proc: Path = Path("/proc")) -> bool:
+    """True only when `owner` is from this boot and pid namespace and no longer runs."""
+    me = mine()
+    if owner.host != me.host or me.start < 0:
+        return False
+    return start_time(owner.pid, proc) != owner.start
+
+
+@dataclasses.dataclass(frozen=True)
+class Swept:
+    path: str
+    owner: Stamp
+    problem: str = ""  # empty: removed; else why it is still there
+
+    def line(self) -> str:
+        if self.problem:
+            return f"left {self.path} (its run, pid {self.owner.pid}, is gone): {self.problem}"
+        return f"swept {self.path}: its run (pid {self.owner.pid}) is gone"
+
+
+def say(swept: Iterable[Swept], prog: str = "sandbox-conformance") -> None:
+    for s in swept:
+        print(f"{prog}: {s.line()}", file=sys.stderr, flush=True)
+
+
+def temp_dirs() -> list[str]:
+    """Where tempfile may have put a run's directories (its candidates, tempfile._candidate_tempdir_list,
+    without its write test: a read-only host is still swept, and never made to fail here), and
+    /var/tmp."""
+    env = [os.environ[k] for k in ("TMPDIR", "TEMP", "TMP") if os.environ.get(k)]
+    return list(dict.fromkeys([*env, "/tmp", VAR_TMP]))
+
+
+_swept_once = False
+
+
+def sweep_once() -> None:
+    """The sweep a run does before it creates its first stamped directory (layout, scratch): once
+    per process, each removal said on stderr."""
+    global _swept_once
+    if not _swept_once:
+        _swept_once = True
+        say(sweep())
+
+
+def sweep(*, dirs: Sequence[str] | None = None, prefixes: Sequence[str] = SWEPT_PREFIXES,
+          include_self: bool = False) -> list[Swept]:
+    """Remove every stamped directory whose owner is gone (and ours too with include_self: the end
+    of a cancelled run, once its children are stopped)."""
+    me = mine()
+    out = []
+    for top in dirs or temp_dirs():
+        try:
+            names = sorted(os.listdir(top))
+        except OSError:
+            continue
+        for name in names:
+            if not name.startswith(tuple(prefixes)):
+                continue
+            owner = find(name)
+            if owner is None or not (gone(owner) or (include_self and owner == me)):
+                continue
+            path = os.path.join(top, name)
+            try:
+                if os.geteuid() != 0 and os.lstat(path).st_uid != os.geteuid():
+                    continue  # another user's run: theirs to sweep (a sticky /tmp would refuse us)
+            except FileNotFoundError:
+                continue  # a concurrent sweep got there first
+            out.append(Swept(path, owner, remove_dir(path)))
+    return out
+
+
+def remove_dir(path: str) -> str:
+    """Remove what a dead run left at `path`: first whatever still runs from it (a process whose
+    command line names it: qemu with its workdir, an OCI guardian), then an OCI runtime's containers
+    under its state root, then the tree. Returns "" or why it is still there."""
+    kill_naming(path)
+    state = Path(path, "state")
+    if Path(path).name.startswith("sbxc-oci-") and state.is_dir():
+        _oci_delete(state)
+    mounts = mounts_under(path)
+    if mounts:
+        # rmtree would walk into a mount and delete what it shows: never. The Docker tier's sweep
+        # unmounts its own data root first (tests/docker_tier.py).
+        return f"still has mounts under it ({mounts[0]}, ...)"
+    rmtree(path)
+    if os.path.lexists(path):
+        return "could not remove it"
+    return ""
+
+
+def rmtree(path: str) -> None:
+    # A task may have left read-only directories in its writable trees; as their owner or root,
+    # restoring write permission on the parent and retrying is enough (conformance/layout.py).
+    def retry(func, p, _exc):  # type: ignore[no-untyped-def]
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(p), 0o755)
+            func(p)
+
+    shutil.rmtree(path, onerror=retry)  # onerror: Python 3.11 (onexc is 3.12+)
+
+
+def kill_naming(path: str, proc: Path = Path("/proc")) -> list[int]:
+    """SIGKILL every process whose command line names `path` (or something under it); the caller
+    has established that its owner is gone."""
+    needle = path.encode()
+    me, killed = os.getpid(), []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(w == needle or w.startswith(needle + b"/") or (b"=" + needle) in w for w in words):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+    return killed
+
+
+def mounts_under(path: str, mountinfo: Path = Path("/proc/self/mountinfo")) -> list[str]:
+    points = []
+    for line in mountinfo.read_text().splitlines():
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split()[4])
+        if point == path or point.startswith(path + "/"):
+            points.append(point)
+    return sorted(points, key=len, reverse=True)
+
+
+def _oci_delete(state: Path) -> None:
+    """`RUNTIME --root STATE delete --force ID` for each container the runtime recorded there (one
+    directory per container id), with whichever runtimes exist: `delete --force` of an unknown id
+    is a harmless error."""
+    import subprocess
+
+    for cid in sorted(p.name for p in state.iterdir() if p.is_dir()):
+        for runtime in OCI_RUNTIMES:
+            exe = shutil.which(runtime)
+            if exe is None:
+                continue
+            argv = [exe, "--root", str(state), "delete", "--force", cid]
+            if runtime == "crun":
+                argv.insert(3, "--cgroup-manager=disabled")
+            with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+                subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=20, check=False)
+
+
+# ---- cgroup leaves ---------------------------------------------------------------------------------
+
+def kill_cgroup(path: Path, *, timeout: float = KILL_TIMEOUT) -> bool:
+    """Empty a cgroup and everything under it: cgroup.kill (Linux >= 5.14), else SIGKILL each pid
+    until cgroup.procs stays empty. True when it is empty."""
+    kill = path / "cgroup.kill"
+    if kill.exists():
+        with contextlib.suppress(OSError):
+            kill.write_text("1")
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = []
+        for d in [path, *(p for p in path.rglob("*") if p.is_dir())]:
+            with contextlib.suppress(OSError):
+                pids += [int(x) for x in (d / "cgroup.procs").read_text().split()]
+        if not pids:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)
+
+
+def remove_cgroup(path: Path, *, timeout: float = KILL_TIMEOUT) -> str:
+    """Kill what runs in a cgroup tree, then rmdir it bottom-up (cgroupfs removes only an empty
+    directory with no children; EBUSY while dying tasks leave it, so retried). "" or why not."""
+    if not path.is_dir():
+        return ""
+    if not kill_cgroup(path, timeout=timeout):
+        return f"processes still in it after {timeout:.0f} s"
+    deadline = time.monotonic() + timeout
+    for d in sorted((p for p in [path, *path.rglob("*")] if p.is_dir()), key=lambda p: len(p.parts),
+                    reverse=True):
+        while True:
+            try:
+                d.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError as e:
+                if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                    return f"rmdir {d}: {errno.errorcode.get(e.errno or 0, e.errno)}"
+                time.sleep(0.02)
+    return ""
+
+
+def sweep_cgroup(root: Path) -> list[Swept]:
+    """Leaves under a delegated root whose owner is gone (conformance/cgroup_leaf.py names them
+    `<kind>-<stamp>-<n>`): killed, then removed. Nothing unstamped, nothing of a live run."""
+    out = []
+    try:
+        children = sorted(p for p in root.iterdir() if p.is_dir())
+    except OSError:
+        return out
+    for child in children:
+        owner = find(child.name)
+        if owner is not None and gone(owner):
+            out.append(Swept(str(child), owner, remove_cgroup(child)))
+    return out
