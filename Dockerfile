@@ -21,13 +21,13 @@ RUN set -eux; \
     apt-get install -y --no-install-recommends \
         bubblewrap ca-certificates iproute2 mount procps util-linux \
         python3 python3-venv python3-setuptools python3-wheel \
-        python3-pytest python3-pytest-timeout python3-psutil python3-pyroute2 python3-prctl; \
+        python3-pytest python3-pytest-timeout python3-psutil python3-prctl; \
     apt-get clean; \
     rm -rf /var/lib/apt/lists/*
 
 # The venv sees Debian's packages (--system-site-packages); each run pip-installs the checkout into
-# it with --no-deps (pytest-randomly and cgroupspy are not in Debian bookworm; nothing needs them at
-# run time).
+# it with --no-deps (the run-time dependencies are Debian's packages above; PyPI is not reachable
+# from the build).
 RUN python3 -m venv --system-site-packages /opt/sandbox-conformance
 
 # The unprivileged user every task of the suite's second pass is launched as (`witness --as-user

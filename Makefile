@@ -25,7 +25,7 @@ run: setup
 	$(VENV)/bin/sandbox-conformance run
 
 lint: setup
-	$(VENV)/bin/ruff check probes runners conformance tests bench
+	$(VENV)/bin/ruff check probes runners conformance tests bench fleet
 
 test: setup lint
 	@scripts/test-host-setup

@@ -19,6 +19,7 @@ from typing import Any
 from conformance import bwrap_argv
 from conformance import profile as profile_mod
 from conformance.launch import external
+from probes import cancel
 from probes.host import Host
 from runners.errors import EXIT_FAIL, EXIT_OK, EXIT_USAGE, Refusal, UsageError, check_as_user
 
@@ -40,8 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--adapter",
         metavar="NAME",
-        help="test a sandbox this project did not write: unshare, runc, crun, systemd-run or docker "
-        "(sets --profile and --launcher; `python -m conformance.adapters list`)",
+        help="test a sandbox this project did not write: unshare, runc, crun, systemd-run, docker, srt or "
+        "codex "
+        "(sets --profile and --launcher; `sandbox-conformance adapters` lists them)",
     )
     p.add_argument("--as-user", metavar="NAME", help="(root only) launch tasks as this unprivileged user")
     p.add_argument("--junitxml", metavar="FILE", help="write JUnit XML here")
@@ -70,7 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # For our own control launchers (the reference sandbox with one thing changed): their tasks get the
     # harness's cgroup leaf, as the reference launcher's do. Hidden: a user's launcher keeps its own.
     p.add_argument("--harness-leaf", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after `--`: passed to pytest")
+    p.add_argument(
+        "pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST ARGS", help="after `--`: passed to pytest"
+    )
 
 
 @dataclasses.dataclass
@@ -210,6 +214,13 @@ def _validate(args: argparse.Namespace) -> tuple[profile_mod.Profile, Any]:
     return prof, launcher
 
 
+def _count(outcomes: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for o in outcomes:
+        out[o] = out.get(o, 0) + 1
+    return out
+
+
 def check_writable(flag: str, value: str) -> None:
     """An output file that cannot be written is bad input, said before the suite runs (not a traceback
     after it, with a PASS already printed)."""
@@ -287,6 +298,9 @@ def main(args: argparse.Namespace) -> int:
     # pytest's report goes to stderr: stdout is the promise lines, which runners parse.
     with contextlib.redirect_stdout(sys.stderr):
         rc = int(pytest.main(argv, plugins=[collector]))
+    # pytest turns a SIGTERM/SIGINT/SIGHUP (a KeyboardInterrupt) into an interrupted session with its
+    # fixtures torn down: the run ends cancelled, not as a red suite (probes/cancel.py).
+    cancel.check()
     results = list(collector.results.values())
     lines = promise_lines(results)
     config = collector.config
@@ -315,6 +329,11 @@ def main(args: argparse.Namespace) -> int:
         f"(profile {prof.name}, {launcher_name}{', as ' + args.as_user if args.as_user else ''}"
         f"{', perturbed ' + ','.join(args.perturb) if args.perturb else ''}): "
         f"{'PASS' if code == EXIT_OK else 'FAIL'}"
+        # Promises are families of witnesses (pytest counts the witnesses): say both, so "3 not
+        # tested" beside pytest's "5 skipped" needs no explaining.
+        f" [{len(results)} witnesses: "
+        + ", ".join(f"{n} {o}" for o, n in sorted(_count(r.outcome for r in results).items()))
+        + "]"
     )
     if args.json != "-":
         for label, verdict, detail in lines:

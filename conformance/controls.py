@@ -371,6 +371,32 @@ CONTROLS: tuple[Control, ...] = (
             Collateral(OTHER_USER_ABSENT, "the forger cannot tell an absent path from a read-only one"),
         ),
     ),
+    # ---- issue 13: what agent sandboxes promise (hidden content, proxies, accepted refusals) ------
+    Control(
+        "mask_is_a_copy",
+        "the masked directory is a read-only tmpfs of the sandbox's own, but holding a copy of the host's "
+        "files: no host storage is mounted there, yet the content a mask (like any hidden path) keeps out "
+        "is readable",
+        launcher_args=("--mask-copy",),
+        reddens=(MASKED_TMPFS, MASKED_CANARY),
+    ),
+    Control(
+        "proxy_lets_unlisted_through",
+        "the task is offered an HTTP proxy (HTTPS_PROXY, relayed into its network namespace as srt does) "
+        "that tunnels to any name: under network none, where no name is listed, the host's listener is "
+        "reached through it",
+        launcher_args=("--offer-proxy",),
+        # The proxy is announced the way srt announces its own, in variables the allowlist does not list.
+        reddens=(NO_TCP, ENV_ALLOWLIST),
+    ),
+    Control(
+        "refusal_outside_accepted",
+        "/usr is bound read-write and a Landlock ruleset refuses every write there with EACCES: nothing "
+        "lands, but the refusal is not one the profile accepts ([filesystem] refuse, EROFS by default)",
+        launcher_args=("--append=--bind", "--append=/usr", "--append=/usr", "--landlock-refuse=/usr"),
+        # The read-write bind that lets Landlock answer first shows in the task's mount table too.
+        reddens=(USR_EROFS, USR_MOUNTS_RO, WRITE_SURFACE),
+    ),
 )
 
 UNCONTROLLED: tuple[Uncontrolled, ...] = (

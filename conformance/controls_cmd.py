@@ -15,8 +15,10 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import functools
 import json
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +29,7 @@ from conformance import controls as catalogue
 from conformance import controls_judge as judge_mod
 from conformance.controls import Control
 from conformance.controls_judge import Result, Status, Verdict
+from probes import owner
 from probes.run import Completed, Runner, minimal_env, run
 from runners.errors import EXIT_FAIL, EXIT_OK, Refusal, UsageError, check_as_user
 
@@ -73,8 +76,12 @@ class Run:
 WitnessRunner = Callable[[Sequence[str]], Run]
 
 
+# SIGTERM if we die, not SIGKILL: each witness run is ours and removes its own layout on the way out.
+_run_ours: Runner = functools.partial(run, die_with=signal.SIGTERM)
+
+
 def witness_runner(
-    *, as_user: str | None, timeout: float, workdir: Path, runner: Runner = run
+    *, as_user: str | None, timeout: float, workdir: Path, runner: Runner = _run_ours
 ) -> WitnessRunner:
     """Runs `sandbox-conformance witness EXTRA... --junitxml F` in its own process (pytest keeps
     state per process, and a crashing control must not take the others down)."""
@@ -258,7 +265,8 @@ def execute(
         c = catalogue.unsandboxed(passed, other)
         unsb = Planned(c, ("--launcher", c.prefix or "env"), c.collateral)
     jobs_list = [*todo, *([unsb] if unsb else [])]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="sbxc-control") as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="sbxc-control")
+    try:
         runs = dict(
             zip(
                 [p.control.name for p in jobs_list],
@@ -266,6 +274,10 @@ def execute(
                 strict=True,
             )
         )
+    finally:
+        # Cancelled (probes/cancel.py): the witness runs under way are being stopped; the queued
+        # ones must not start on the way out.
+        pool.shutdown(wait=True, cancel_futures=True)
     for p in todo:
         r = runs[p.control.name]
         verdicts.append(
@@ -436,7 +448,8 @@ def main(args: argparse.Namespace) -> int:
             ways_on=["apt-get install bubblewrap"],
         )
     disable_userns = _disable_userns(args.as_user)
-    with tempfile.TemporaryDirectory(prefix="sbxc-controls-") as tmp:
+    owner.sweep_once()  # what a SIGKILLed run left (probes/owner.py)
+    with tempfile.TemporaryDirectory(prefix=f"sbxc-controls-{owner.stamp()}-") as tmp:
         witness = witness_runner(as_user=args.as_user, timeout=args.timeout, workdir=Path(tmp))
         report = execute(
             witness,

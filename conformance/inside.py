@@ -17,7 +17,7 @@ import struct
 import sys
 import time
 
-VERSION = 1
+VERSION = 2  # 2: environment with values, nested_userns per door, launch_nonce, kernel, handshake
 CLONE_NEWUSER = 0x10000000  # <linux/sched.h>
 SIGCHLD = 17
 PR_SET_NAME, PR_GET_NO_NEW_PRIVS = 15, 39  # <linux/prctl.h>
@@ -180,13 +180,21 @@ def processes():
 
 
 def connect_tcp(target):
+    # Which step refused matters: a seccomp filter that refuses socket(2) itself (EPERM) leaves the
+    # task no network at all, which is more than an empty network namespace.
     host, port = target
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    except OSError as e:
+        return {"ok": False, "errno": errname(e), "stage": "socket"}
     s.settimeout(1.0)  # refused or unreachable is immediate in an empty netns; a drop must not hang us
     try:
         s.connect((host, port))
+    except OSError as e:
+        return {"ok": False, "errno": errname(e), "stage": "connect"}
     finally:
         s.close()
+    return {"ok": True, "errno": None, "stage": "connect"}
 
 
 def connect_abstract(name):
@@ -196,6 +204,100 @@ def connect_abstract(name):
         s.connect("\0" + name)  # abstract sockets live in the network namespace (unix(7))
     finally:
         s.close()
+
+
+# ---- proxies the sandbox offers (plan["proxy"]) ------------------------------------------------------
+
+PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+PROXY_TIMEOUT = 3.0
+
+
+def offered_proxies():
+    # Every proxy the task's environment names, once each: what any program in the task would use.
+    from urllib.parse import unquote, urlsplit
+
+    found = {}
+    for var in PROXY_VARS:
+        value = os.environ.get(var)
+        if not value:
+            continue
+        u = urlsplit(value if "://" in value else "http://" + value)
+        try:
+            port = u.port or (1080 if u.scheme.startswith("socks") else 80)
+        except ValueError:
+            port = None
+        key = (u.scheme, u.hostname, port, u.username, u.password)
+        if key not in found:
+            found[key] = {
+                "proxy": f"{u.scheme}://{u.hostname}:{port}",
+                "scheme": u.scheme,
+                "host": u.hostname,
+                "port": port,
+                "user": unquote(u.username) if u.username else None,
+                "password": unquote(u.password) if u.password else "",
+                "vars": [],
+            }
+        found[key]["vars"].append(var)
+    return list(found.values())
+
+
+def _recv_head(s):
+    head = b""
+    while b"\r\n\r\n" not in head and len(head) < 8192:
+        chunk = s.recv(1024)
+        if not chunk:
+            break
+        head += chunk
+    return head
+
+
+def tunnel(proxy, target, nonce):
+    # CONNECT host:port through an HTTP proxy (RFC 9110 9.3.6); when the target is the suite's echo
+    # listener, send the nonce through the tunnel and read what comes back.
+    import base64
+
+    s = socket.create_connection((proxy["host"], proxy["port"]), timeout=PROXY_TIMEOUT)
+    try:
+        authority = "{}:{}".format(target["host"], target["port"])
+        lines = ["CONNECT " + authority + " HTTP/1.1", "Host: " + authority]
+        if proxy["user"] is not None:
+            token = base64.b64encode((proxy["user"] + ":" + proxy["password"]).encode()).decode()
+            lines.append("Proxy-Authorization: Basic " + token)
+        s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        head = _recv_head(s)
+        status = head.split(b"\r\n", 1)[0].decode("latin-1")
+        parts = status.split()
+        established = len(parts) >= 2 and parts[0].startswith("HTTP/") and parts[1].startswith("2")
+        out = {"status": status[:200], "established": established, "echoed": None}
+        if established and target.get("echo"):
+            # The echo listener answers once and closes: read until the nonce is back, or the end.
+            s.sendall(nonce.encode())
+            got = b""
+            while nonce.encode() not in got and len(got) < 4096:
+                chunk = s.recv(1024)
+                if not chunk:
+                    break
+                got += chunk
+            out["echoed"] = nonce.encode() in got
+        return out
+    finally:
+        s.close()
+
+
+def proxy_trials(spec):
+    nonce = spec.get("nonce") or "sbxc"
+    out = {"offered": [], "direct": []}
+    for p in offered_proxies():
+        entry = dict((k, v) for k, v in p.items() if k not in ("user", "password"))
+        entry["connect"] = connect_tcp((p["host"], p["port"])) if p["port"] else {"ok": False, "errno": None}
+        entry["tunnels"] = []
+        if entry["connect"]["ok"] and p["scheme"] in ("http", "https"):
+            for t in spec.get("targets", []):
+                entry["tunnels"].append(dict(t, result=observe(tunnel, p, t, nonce)))
+        out["offered"].append(entry)
+    for d in spec.get("direct", []):
+        out["direct"].append(dict(d, result=observe(connect_tcp, (d["host"], d["port"]))))
+    return out
 
 
 def environment():
@@ -452,7 +554,10 @@ def observe(fn, *args):
     try:
         return fn(*args)
     except Exception as e:  # recorded, and the witness that needs it fails: never a silent pass
-        return {"error": type(e).__name__ + ": " + str(e)}
+        out = {"error": type(e).__name__ + ": " + str(e)}
+        if isinstance(e, OSError) and e.errno:
+            out["errno"] = errname(e)
+        return out
 
 
 def main(plan):
@@ -470,13 +575,13 @@ def main(plan):
     doc["gid_map"] = observe(read_text, "/proc/self/gid_map")
     doc["namespaces"] = observe(namespaces)
     doc["interfaces"] = observe(lambda: sorted(name for _, name in socket.if_nameindex()))
-    doc["tcp"] = [
-        {"target": t, "result": observe(attempt, lambda t=t: connect_tcp(t))} for t in plan.get("tcp", [])
-    ]
+    doc["tcp"] = [{"target": t, "result": observe(connect_tcp, t)} for t in plan.get("tcp", [])]
     doc["unix_abstract"] = [
         {"target": n, "result": observe(attempt, lambda n=n: connect_abstract(n))}
         for n in plan.get("unix_abstract", [])
     ]
+    if plan.get("proxy"):
+        doc["proxies"] = observe(proxy_trials, plan["proxy"])
     doc["pid"] = os.getpid()
     doc["processes"] = observe(processes)
     doc["hostname"] = observe(socket.gethostname)

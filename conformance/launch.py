@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
@@ -26,7 +27,7 @@ ENTRY_POINT_PREFIX = "entry-point:"
 SPEC_ENV = "SANDBOX_CONFORMANCE_TASK_SPEC"
 SECRET_ENV = "SANDBOX_CONFORMANCE_CANARY_SECRET"
 WITNESS_ARGV = ("python3", "-I", "-S", "-")
-DOC_VERSION = 1
+DOC_VERSION = 2
 
 
 class HarnessError(Exception):
@@ -70,6 +71,14 @@ def external(prefix: str) -> Launcher:
         raise ValueError(f"--launcher {prefix!r}: cannot split it like a shell would: {e}") from None
     if not words:
         raise ValueError("--launcher: empty prefix")
+    first = words[0]
+    if "/" in first and not os.path.isabs(first) and "{" not in first:
+        # The launch runs in the harness's temp layout, not where the user typed the command: a
+        # relative launcher (./my-sandbox) means the one next to the user, so make it absolute now.
+        where = os.path.abspath(first)
+        if not os.path.exists(where):
+            raise ValueError(f"--launcher: {first}: no such file (looked in {os.getcwd()})")
+        prefix = shlex.join([where, *words[1:]])
     return Launcher(name=f"launcher {prefix!r}", kind="external", prefix=prefix)
 
 

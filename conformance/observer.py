@@ -112,6 +112,8 @@ class Seen:
     # Found while the task waited, through /proc/PID/root (the task's own view of paths):
     exposures: tuple[Mapping[str, Any], ...] = ()  # protected content reachable under some name
     device_nodes: frozenset[str] = frozenset()  # rw mount points that are device nodes
+    # rw mount points the task's credentials cannot reach (see unreachable()): listed, not judged.
+    unreachable: frozenset[str] = frozenset()
     # The task's cgroup v2 directory as the host reads it: path, memory.max, pids.max.
     cgroup_files: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -130,6 +132,8 @@ class Seen:
             "mounts": [m.to_json() for m in self.mounts] if not isinstance(self.mounts, str) else self.mounts,
             "cgroup": self.cgroup,
             "exposures": list(self.exposures),
+            "device_nodes": sorted(self.device_nodes),
+            "unreachable": sorted(self.unreachable),
         }
 
 
@@ -194,19 +198,82 @@ def read(
                     mode = os.stat(root / m.mount_point.lstrip("/")).st_mode
                     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
                         nodes.add(m.mount_point)
+    status = _attempt(lambda: _status(_read(base / "status")))
+    shut: set[str] = set()
+    if not isinstance(mounts, str) and not isinstance(status, str):
+        uid_map = _attempt(lambda: _read(base / "uid_map"))
+        text = _attempt(lambda: _read(base / "status"))  # for Groups:, which _status leaves out
+        creds = Creds.of(
+            status, text if isinstance(text, str) else "", uid_map if isinstance(uid_map, str) else ""
+        )
+        for m in mountinfo.on_top(mounts):
+            writable = not m.read_only and m.storage and m.mount_point not in nodes
+            if writable and unreachable(root, m.mount_point, creds):
+                shut.add(m.mount_point)
     cgroup = _attempt(lambda: _read(base / "cgroup"))
     return Seen(
         pid=pid,
         namespaces=spaces,
-        status=_attempt(lambda: _status(_read(base / "status"))),
+        status=status,
         environ=_attempt(lambda: _environ((base / "environ").read_bytes())),
         mounts=mounts,
         cgroup=cgroup,
         proc_stat=_attempt(lambda: stat_fields(_read(base / "stat"))),
         exposures=tuple(found),
         device_nodes=frozenset(nodes),
+        unreachable=frozenset(shut),
         cgroup_files=cgroup_files(cgroup, host_mounts),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Creds:
+    """The task's credentials as the host's kernel holds them (real ids, not the namespace's)."""
+
+    fsuid: int
+    fsgid: int
+    groups: frozenset[int]
+    mapped: tuple[tuple[int, int], ...]  # (outside start, count) of the task's user namespace uid_map
+
+    @classmethod
+    def of(cls, status: Mapping[str, str], status_text: str, uid_map: str) -> Creds:
+        uids, gids = status.get("Uid", "0 0 0 0").split(), status.get("Gid", "0 0 0 0").split()
+        groups = next((ln.split()[1:] for ln in status_text.splitlines() if ln.startswith("Groups:")), [])
+        ranges = []
+        for line in uid_map.splitlines():
+            parts = line.split()
+            if len(parts) == 3:
+                ranges.append((int(parts[1]), int(parts[2])))
+        return cls(int(uids[3]), int(gids[3]), frozenset(int(g) for g in groups), tuple(ranges))
+
+    def maps(self, uid: int) -> bool:
+        return any(start <= uid < start + count for start, count in self.mapped)
+
+
+def unreachable(root: Path, mount_point: str, creds: Creds) -> bool:
+    """The task cannot even reach `mount_point`: a directory on the way denies its fsuid and groups
+    search (x) permission, and that directory's owner is not mapped into the task's user namespace,
+    so no capability the task holds there can override it (capabilities(7): CAP_DAC_* apply only to
+    inodes whose owner and group map into the namespace). bwrap run unprivileged leaves such
+    submounts of a --ro-bind read-write, being unable to reach them itself."""
+    if creds.fsuid == 0 and creds.maps(0):
+        return False  # root in the initial namespace (or mapped to it) passes every search check
+    path = root
+    for part in [p for p in mount_point.split("/") if p]:  # the mount's own root directory too
+        path = path / part
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False  # cannot tell: judged as reachable, never as a pass
+        if st.st_uid == creds.fsuid:
+            ok = bool(st.st_mode & stat.S_IXUSR)
+        elif st.st_gid == creds.fsgid or st.st_gid in creds.groups:
+            ok = bool(st.st_mode & stat.S_IXGRP)
+        else:
+            ok = bool(st.st_mode & stat.S_IXOTH)
+        if not ok and not creds.maps(st.st_uid):
+            return True
+    return False
 
 
 def cgroup_files(cgroup: str, host_mounts: Sequence[mountinfo.Mount]) -> dict[str, str]:

@@ -6,16 +6,20 @@ directory the harness lists the HOST side first, so the task is asked about real
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import ipaddress
 import json
 import os
+import socket
+import threading
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from conformance.observer import Seen
-from conformance.profile import Profile, expand
+from conformance.profile import NetworkMode, Profile, expand
 
 PLANT = ".sbxc-plant-"  # a file the task tries to create where it must not
 WRITE = ".sbxc-write-"  # a file the task creates where it may
@@ -55,6 +59,9 @@ class Plan:
     launch_nonce: str = ""
     tag: str | None = None
     handshake_seconds: float = 10.0
+    # What the task tries through any proxy its environment offers (see proxy_plan), or None when the
+    # profile makes no network promise.
+    proxy: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +75,7 @@ class Plan:
             "launch_nonce": self.launch_nonce,
             "tag": self.tag,
             "handshake_seconds": self.handshake_seconds,
+            "proxy": dict(self.proxy) if self.proxy is not None else None,
         }
 
 
@@ -189,7 +197,7 @@ def build(
         checks.append(f"{p}/{PLANT}{nonce}")
     own_promises = tuple(
         expand(x, values)
-        for x in (*fs.writable, *fs.masked, *fs.absent, task.workdir, task.user_tmp, task.control)
+        for x in (*fs.writable, *fs.masked, *fs.absent, *fs.hidden, task.workdir, task.user_tmp, task.control)
         if x is not None
     )
     for template, p in ((x, expand(x, values)) for x in fs.read_only):
@@ -232,11 +240,21 @@ def build(
             ops("unlink", f"{c}/{name}", remove)
         ops("create", f"{c}/{PLANT}{nonce}", write, data=nonce)
         checks.append(f"{c}/{PLANT}{nonce}")
+    for p in map(lambda x: expand(x, values), fs.hidden):
+        # What the host holds there, read from inside (its content must not come back), and a file
+        # the task tries to leave there (it must not reach the host, whatever the task was told).
+        ops("stat", p, look)
+        ops("list", p, look)
+        for f in hidden_files(p):
+            if not any(o["op"] == "read" and o["path"] == f for o in look):  # one read per path
+                ops("read", f, look)
+        ops("create", f"{p}/{PLANT}{nonce}", write, data=nonce)
+        checks.append(f"{p}/{PLANT}{nonce}")
     if task.user_tmp is not None:
         t = expand(task.user_tmp, values)
         ops("create", f"{t}/{WRITE}{nonce}", write, data=nonce)
         checks.append(f"{t}/{WRITE}{nonce}")
-    net = profile.network.value == "none"
+    net = profile.network in (NetworkMode.none, NetworkMode.proxy)
     return Plan(
         task_id=values.get("task_id", "task"),
         ops=tuple(look + write + remove),
@@ -248,7 +266,160 @@ def build(
         launch_nonce=launch_nonce,
         tag=tag,
         handshake_seconds=handshake_seconds,
+        proxy=proxy_plan(profile, values, host, launch_nonce) if net else None,
     )
+
+
+def hidden_files(path: str, limit: int = MAX_HOST_ENTRIES) -> list[str]:
+    """Up to `limit` regular files at or beneath `path` on the host, shallowest first: a hidden tree
+    may hold its content only deep down (another user's tree: users/bob/tasks/.../control/...)."""
+    found: list[str] = []
+    level = [path]
+    for _ in range(DEPTH):
+        nxt: list[str] = []
+        for d in level:
+            try:
+                with os.scandir(d) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError:
+                continue
+            for e in entries:
+                if e.name.startswith((PLANT, WRITE)):
+                    continue
+                if e.is_file(follow_symlinks=False):
+                    found.append(e.path)
+                elif e.is_dir(follow_symlinks=False):
+                    nxt.append(e.path)
+        if len(found) >= limit or not nxt:
+            break
+        level = nxt
+    return found[:limit]
+
+
+# ---- the network through a proxy ------------------------------------------------------------------
+#
+# A sandbox may give its task a network that only reaches out through a proxy it runs (srt: an HTTP
+# proxy on the host, relayed into the task's network namespace and named in HTTPS_PROXY and its
+# kin). The task finds every proxy its environment names and asks each one, with CONNECT, for the
+# targets below. For `none` a proxy the task can reach at all is a way out. For `proxy` the names
+# in [network] allowed must come back through it and nothing else may: the suite serves each
+# allowed name itself, on an echo listener of its own, so "reachable" is proved end to end (the
+# launch nonce sent through the tunnel comes back) and needs no outside network.
+
+NETWORK_FILE = "network.json"  # next to the task spec: what an adapter needs to allow a served name
+ECHO_PREFIX = b"SBXC-ECHO "
+ECHO_BYTES = 256
+
+
+class _Echo:
+    """A TCP listener on every local address that sends back what it reads, prefixed. One per
+    harness process (daemon threads), made on first use: a proxy the sandbox runs must dial it."""
+
+    _lock = threading.Lock()
+    _port: int | None = None
+
+    @classmethod
+    def port(cls) -> int:
+        with cls._lock:
+            if cls._port is None:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(("0.0.0.0", 0))
+                sock.listen(16)
+                cls._port = sock.getsockname()[1]
+                threading.Thread(target=cls._serve, args=(sock,), name="sbxc-echo", daemon=True).start()
+            return cls._port
+
+    @staticmethod
+    def _serve(sock: socket.socket) -> None:
+        while True:
+            conn, _ = sock.accept()
+            threading.Thread(target=_Echo._answer, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _answer(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.settimeout(10)
+            data = conn.recv(ECHO_BYTES)
+            conn.sendall(ECHO_PREFIX + data)
+
+
+def _local_addresses() -> set[str]:
+    """Every IPv4 address of this host's interfaces, loopback included."""
+    import psutil
+
+    return {
+        a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET
+    }
+
+
+def _served_at(name: str, local: set[str]) -> tuple[str | None, str]:
+    """The local address `name` resolves to on this host (where the echo listener answers), or
+    (None, why not). Only a name that resolves here can be served: the suite uses no outside network."""
+    try:
+        infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        return None, f"{name} does not resolve on this host ({e.strerror})"
+    addrs = [str(i[4][0]) for i in infos]
+    for a in addrs:
+        if ipaddress.ip_address(a).is_loopback or a in local:
+            return a, ""
+    return None, f"{name} resolves to {', '.join(addrs)}, no address of this host: the suite cannot serve it"
+
+
+def proxy_plan(
+    profile: Profile, values: Mapping[str, str], host: HostView, launch_nonce: str
+) -> dict[str, Any]:
+    """What the task tries through each proxy it is offered (none is the usual case), and, for a
+    `proxy` profile, the names the suite serves, written to NETWORK_FILE next to the task spec."""
+    listener = host.tcp_targets[0][1] if host.tcp_targets else 0
+    targets: list[dict[str, Any]] = []
+
+    def target(name: str, port: int, kind: str, *, echo: bool) -> None:
+        targets.append({"host": name, "port": port, "kind": kind, "echo": echo})
+
+    hostname = socket.gethostname()
+    served: list[dict[str, Any]] = []
+    unserved: dict[str, str] = {}
+    if profile.network is NetworkMode.proxy:
+        echo = _Echo.port()
+        local = _local_addresses()
+        for name in profile.network_allowed:
+            address, why = _served_at(name, local)
+            if address is None:
+                unserved[name] = why
+                continue
+            served.append({"name": name, "address": address, "port": echo})
+            target(name, echo, "listed", echo=True)
+        # An unlisted name that does lead to the echo listener: a proxy that lets it through is seen
+        # doing so (a name that resolves nowhere would be refused by any proxy, and prove nothing).
+        if hostname not in profile.network_allowed and _served_at(hostname, local)[0] is not None:
+            target(hostname, echo, "unlisted", echo=True)
+        for addr in sorted(a for a in local if not ipaddress.ip_address(a).is_loopback):
+            target(addr, echo, "host", echo=True)
+        write_network_file(
+            values, {"mode": "proxy", "allowed": list(profile.network_allowed), "served": served}
+        )
+    else:
+        # No name is allowed: the one name every host resolves, at the host's own listener.
+        target("localhost", listener, "unlisted", echo=False)
+    for addr, port in host.tcp_targets:
+        target(addr, port, "loopback" if ipaddress.ip_address(addr).is_loopback else "host", echo=False)
+    return {
+        "mode": str(profile.network),
+        "targets": targets,
+        # The served names, dialled directly: only the proxy may reach them.
+        "direct": [{"host": s["name"], "port": s["port"]} for s in served],
+        "nonce": launch_nonce,
+        "unserved": unserved,
+    }
+
+
+def write_network_file(values: Mapping[str, str], doc: Mapping[str, Any]) -> None:
+    """NETWORK_FILE in the layout's root, beside the task spec (conformance/layout.py: ROOT/state)."""
+    path = Path(values["state"]).parent / NETWORK_FILE
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True))
+    path.chmod(0o644)
 
 
 def program(plan: Plan) -> str:

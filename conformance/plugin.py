@@ -216,6 +216,8 @@ def _active(config: pytest.Config) -> bool:
         for n in ("sbxc_profile", "sbxc_launcher", "sbxc_as_user", "sbxc_expected_skips", "sbxc_perturb")
     ):
         return True
+    if any(config.getini(n) for n in ("sbxc_profile", "sbxc_launcher")):
+        return True  # pinned in the project's ini: a witness run too, and its header says so
     return any("test_witnesses" in str(a) for a in config.args)
 
 
@@ -241,8 +243,12 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 
 
 def _family(item: pytest.Item) -> str | None:
+    """The promise family a witness belongs to; "" for a bare `@pytest.mark.witness` (a user's own
+    witness: always collected, and its skips gated like any other); None for a test that is no witness."""
     m = item.get_closest_marker(MARKER)
-    return str(m.args[0]) if m and m.args else None
+    if m is None:
+        return None
+    return str(m.args[0]) if m.args else ""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -258,7 +264,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     drop = [
         i
         for i in witnesses
-        if _family(i) not in made or (i.get_closest_marker("harness_leaf") and not s.leaves_by_harness)
+        if (_family(i) and _family(i) not in made)
+        or (i.get_closest_marker("harness_leaf") and not s.leaves_by_harness)
     ]
     if drop:
         config.hook.pytest_deselected(items=drop)

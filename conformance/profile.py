@@ -40,8 +40,15 @@ class ProfileError(Exception):
 
 
 class NetworkMode(enum.StrEnum):
-    none = enum.auto()  # only lo, nothing of the host reachable
+    # No way out: no interface but lo (or no socket at all: a seccomp filter that refuses socket(2)
+    # with EPERM is stronger, and counts), nothing of the host reachable, and no proxy offered. A
+    # sandbox that lets anything out through a proxy keeps `proxy`, never `none`.
+    none = enum.auto()
     host = enum.auto()  # no promise made
+    # Out only through the proxy the sandbox offers the task (its *_proxy environment variables):
+    # direct connects fail, the host's listeners stay unreachable, and through the proxy a name in
+    # [network] allowed is reachable while other names, loopback and the host's addresses are not.
+    proxy = enum.auto()
 
 
 class Nested(enum.StrEnum):
@@ -55,8 +62,13 @@ class Sharing(enum.StrEnum):
 
 
 class Caps(enum.StrEnum):
-    none = enum.auto()
+    none = enum.auto()  # every set empty, the bounding set too
     any = enum.auto()  # no promise made
+    # CapPrm, CapEff and CapAmb empty: the task can use no capability now and gains none at execve
+    # (P'(permitted) needs the file's capabilities, and no_new_privs ignores those); the bounding
+    # set is not promised (capabilities(7)). What an unprivileged caller of a user-namespace sandbox
+    # gets: bwrap drops every capability of a non-root task but leaves the bounding set full.
+    none_effective = enum.auto()
 
 
 class WriteSurface(enum.StrEnum):
@@ -65,12 +77,26 @@ class WriteSurface(enum.StrEnum):
     any = enum.auto()  # no promise made: the sandbox confines no filesystem (unshare(1))
 
 
+# How a write under a read-only or masked path must be refused, unless the profile says otherwise: a
+# read-only mount answers EROFS before any other check (fs/namei.c, mnt_want_write).
+STRICT_REFUSAL = ("EROFS",)
+
+
 @dataclasses.dataclass(frozen=True)
 class Filesystem:
     read_only: tuple[str, ...] = ()
     masked: tuple[str, ...] = ()
     writable: tuple[str, ...] = ()
     absent: tuple[str, ...] = ()
+    # The weakest of the three: the host's content there is unreadable inside and nothing the task
+    # writes there reaches the host. Whether the path exists, is empty or is writable inside is not
+    # promised (an empty writable tmpfs, a mode-000 tmpfs and a missing path all keep it). `masked`
+    # (an empty read-only tmpfs) and `absent` (no such path) are its stricter forms.
+    hidden: tuple[str, ...] = ()
+    # The errnos a refused write under `read_only` (and a create in `masked`) may carry. A Landlock
+    # ruleset refuses with EACCES, a seccomp filter with EPERM; the proof that a refusal refused is
+    # the host's own look afterwards: nothing landed.
+    refuse: tuple[str, ...] = STRICT_REFUSAL
     # Read-write mounts the sandbox makes for this task alone on host storage (a container's
     # /etc/hosts, its /dev/shm): part of the declared write surface, listed so a reader sees them.
     scratch: tuple[str, ...] = ()
@@ -97,7 +123,9 @@ class Namespaces:
 class Process:
     capabilities: Caps = Caps.any
     no_new_privs: bool = False
-    init: str | None = None  # PID 1's comm, when the profile names it
+    # PID 1's comm, when the profile names it; several when the sandbox's own init differs with the
+    # caller (srt: bwrap as root, its apply-seccomp helper as an unprivileged user).
+    init: tuple[str, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +148,8 @@ class Profile:
     filesystem: Filesystem = Filesystem()
     task: Task = Task()
     network: NetworkMode = NetworkMode.host
+    # [network] allowed: the names a `proxy` lets through (the suite serves each one locally).
+    network_allowed: tuple[str, ...] = ()
     nested_userns: Nested = Nested.allowed
     # How every door to a nested user namespace must be refused; empty: any errno.
     nested_errno: tuple[str, ...] = ()
@@ -137,11 +167,14 @@ class Profile:
             "read_only": bool(fs.read_only),
             "writable": bool(fs.writable),
             "absent": bool(fs.absent),
+            "hidden": bool(fs.hidden),
             # A masked path's content and an absent path are reachable under no other name either.
             "aliases": bool(fs.masked or fs.absent),
             "control": t.control is not None,
             "user_tmp": t.user_tmp is not None,
-            "network": self.network is NetworkMode.none,
+            "network": self.network in (NetworkMode.none, NetworkMode.proxy),
+            # What only a proxy promises: the allowlist holds in both directions.
+            "network_proxy": self.network is NetworkMode.proxy,
             # Every profile, unless it says it confines no filesystem: the host reads the task's real
             # mount table for read-write mounts of host storage nobody declared.
             "write_surface": fs.write_surface is WriteSurface.declared,
@@ -153,7 +186,7 @@ class Profile:
             "pid": ns.pid is Sharing.private,
             "ipc": ns.ipc is Sharing.private,
             "uts": ns.uts is Sharing.private,
-            "capabilities": pr.capabilities is Caps.none,
+            "capabilities": pr.capabilities in (Caps.none, Caps.none_effective),
             "no_new_privs": pr.no_new_privs,
             "environment": self.environment.allow is not None,
             "environment_set": bool(self.environment.set),
@@ -187,9 +220,11 @@ def expand(text: str, values: Mapping[str, str]) -> str:
 
 _SCHEMA: dict[str, frozenset[str]] = {
     "profile": frozenset({"name", "description"}),
-    "filesystem": frozenset({"read_only", "masked", "writable", "absent", "scratch", "write_surface"}),
+    "filesystem": frozenset(
+        {"read_only", "masked", "writable", "absent", "hidden", "scratch", "write_surface", "refuse"}
+    ),
     "task": frozenset({"control", "control_files", "user_tmp", "workdir"}),
-    "network": frozenset({"mode"}),
+    "network": frozenset({"mode", "allowed"}),
     "userns": frozenset({"nested", "errno"}),
     "namespaces": frozenset({"pid", "ipc", "uts", "hostname"}),
     "process": frozenset({"capabilities", "no_new_privs", "init"}),
@@ -199,6 +234,10 @@ _SCHEMA: dict[str, frozenset[str]] = {
 _SIZE = re.compile(r"^(\d+)([KMGT]?)$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ERRNO = re.compile(r"^E[A-Z0-9]+$")
+# A name a proxy allowlist can hold: DNS labels (RFC 1123), or an IPv4 literal. No port and no
+# wildcard: the suite must serve, and then reach, exactly this name.
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
 
 
 class _Reader:
@@ -252,6 +291,23 @@ class _Reader:
             raise self.fail(key, "a non-empty one-line string", value)
         return value
 
+    def errnos(self, key: str, value: Any, example: str) -> tuple[str, ...]:
+        if (
+            not isinstance(value, list)
+            or not value
+            or not all(isinstance(x, str) and _ERRNO.match(x) for x in value)
+        ):
+            raise self.fail(key, f"a non-empty list of errno names {example}", value)
+        return tuple(value)
+
+    def inits(self, key: str, value: Any) -> tuple[str, ...]:
+        """PID 1's comm: one name, or a list of the names it may have."""
+        if isinstance(value, list) and value:
+            return tuple(self.text(f"{key}[{i}]", v) for i, v in enumerate(value))
+        if isinstance(value, str):
+            return (self.text(key, value),)
+        raise self.fail(key, "a name, or a non-empty list of names", value)
+
     def limit(self, key: str, value: Any, *, size: bool) -> int | None:
         if value == "max":
             return None
@@ -282,11 +338,25 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
 
     fs = r.section("filesystem")
     filesystem = Filesystem(
-        **{k: r.paths(f"filesystem.{k}", fs[k]) for k in fs if k != "write_surface"},
+        **{k: r.paths(f"filesystem.{k}", fs[k]) for k in fs if k not in ("write_surface", "refuse")},
         write_surface=r.choice("filesystem.write_surface", fs["write_surface"], WriteSurface)
         if "write_surface" in fs
         else WriteSurface.declared,
+        refuse=r.errnos("filesystem.refuse", fs["refuse"], 'such as ["EROFS", "EACCES"]')
+        if "refuse" in fs
+        else STRICT_REFUSAL,
     )
+    if filesystem.refuse != STRICT_REFUSAL and not (filesystem.read_only or filesystem.masked):
+        raise r.fail("filesystem.refuse", "filesystem.read_only or filesystem.masked (the writes it judges)")
+    claimed: dict[str, str] = {}
+    for kind in ("masked", "absent", "hidden", "writable"):
+        for path in getattr(filesystem, kind):
+            if path in claimed:
+                raise r.fail(
+                    f"filesystem.{kind}",
+                    f"one promise per path ({path} is already filesystem.{claimed[path]})",
+                )
+            claimed[path] = kind
 
     t = r.section("task")
     control_files: tuple[str, ...] = ()
@@ -316,16 +386,24 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
 
     net = r.section("network")
     network = r.choice("network.mode", net["mode"], NetworkMode) if "mode" in net else NetworkMode.host
+    allowed: tuple[str, ...] = ()
+    if "allowed" in net:
+        v = net["allowed"]
+        if not isinstance(v, list) or not all(isinstance(x, str) and _HOSTNAME.match(x) for x in v):
+            raise r.fail(
+                "network.allowed", 'a list of host names such as ["localhost"] (no port, no wildcard)', v
+            )
+        if network is not NetworkMode.proxy:
+            raise r.fail("network.allowed", 'network.mode = "proxy" (only a proxy lets names through)')
+        allowed = tuple(v)
     uns = r.section("userns")
     nested = r.choice("userns.nested", uns["nested"], Nested) if "nested" in uns else Nested.allowed
     nested_errno: tuple[str, ...] = ()
     if "errno" in uns:
-        v = uns["errno"]
-        if not isinstance(v, list) or not v or not all(isinstance(x, str) and _ERRNO.match(x) for x in v):
-            raise r.fail("userns.errno", 'a non-empty list of errno names such as ["ENOSPC", "EPERM"]', v)
+        v = r.errnos("userns.errno", uns["errno"], 'such as ["ENOSPC", "EPERM"]')
         if nested is not Nested.refused:
             raise r.fail("userns.errno", 'userns.nested = "refused" (an errno says how it is refused)')
-        nested_errno = tuple(v)
+        nested_errno = v
 
     ns = r.section("namespaces")
     namespaces = Namespaces(
@@ -343,7 +421,7 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
         if "capabilities" in p
         else Caps.any,
         no_new_privs=r.boolean("process.no_new_privs", p["no_new_privs"]) if "no_new_privs" in p else False,
-        init=r.text("process.init", p["init"]) if "init" in p else None,
+        init=r.inits("process.init", p["init"]) if "init" in p else None,
     )
     if process.init and namespaces.pid is not Sharing.private:
         raise r.fail(
@@ -387,6 +465,7 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
         filesystem=filesystem,
         task=task,
         network=network,
+        network_allowed=allowed,
         nested_userns=nested,
         nested_errno=nested_errno,
         namespaces=namespaces,

@@ -16,7 +16,7 @@ from conformance.harness import WitnessSession
 from conformance.observer import Seen
 from conformance.plan import PLANT, WRITE, Task
 from conformance.plugin import Settings, settings
-from conformance.profile import expand
+from conformance.profile import Caps, NetworkMode, expand
 from probes import mountinfo
 
 witness = pytest.mark.witness
@@ -25,6 +25,7 @@ PATH_FAMILIES = {
     "read_only_path": ("read_only", lambda p: p.filesystem.read_only),
     "writable_path": ("writable", lambda p: p.filesystem.writable),
     "absent_path": ("absent", lambda p: p.filesystem.absent),
+    "hidden_path": ("hidden", lambda p: p.filesystem.hidden),
 }
 
 
@@ -116,11 +117,15 @@ def test_a_masked_directorys_host_canary_is_invisible(sbxc_task: Task, masked_pa
 
 
 @witness("masked")
-def test_nothing_can_be_created_in_a_masked_directory(sbxc_task: Task, masked_path: str) -> None:
+def test_nothing_can_be_created_in_a_masked_directory(
+    sbxc_task: Task, masked_path: str, sbxc_settings: Settings
+) -> None:
     plant, _ = _created(sbxc_task, _p(sbxc_task, masked_path), PLANT)
-    assert sbxc_task.observed("create", plant) == "EROFS", (
-        f"creating a file in {masked_path} gave {sbxc_task.observed('create', plant)}, not EROFS"
-    )
+    accepted = sbxc_settings.profile.filesystem.refuse
+    seen = sbxc_task.observed("create", plant)
+    assert seen in accepted, f"creating a file in {masked_path} gave {seen}, not {' or '.join(accepted)}"
+    # A refusal refused: the host's own look afterwards.
+    assert sbxc_task.host_after.get(plant) is None, f"the file created in {masked_path} reached the host"
 
 
 # ---- read-only -------------------------------------------------------------------------------------
@@ -147,8 +152,8 @@ def test_a_read_only_path_is_readable(sbxc_task: Task, read_only_path: str) -> N
         assert sbxc_task.value("list", path), f"{read_only_path} is empty inside but not on the host"
 
 
-def _refusal_ok(task: Task, op: dict, seen: str) -> bool:
-    if seen == "EROFS":
+def _refusal_ok(task: Task, op: dict, seen: str, accepted: tuple[str, ...]) -> bool:
+    if seen in accepted:
         return True
     if op["op"] == "append" and not op.get("owned", True):
         return seen == "EACCES"  # a file the task user does not own: file modes answer first
@@ -161,7 +166,10 @@ def _refusal_ok(task: Task, op: dict, seen: str) -> bool:
 
 
 @witness("read_only")
-def test_a_read_only_path_refuses_writes_with_erofs(sbxc_task: Task, read_only_path: str) -> None:
+def test_a_read_only_path_refuses_writes_with_erofs(
+    sbxc_task: Task, read_only_path: str, sbxc_settings: Settings
+) -> None:
+    # EROFS unless the profile accepts other refusals ([filesystem] refuse): the name says the default.
     path = _p(sbxc_task, read_only_path)
     ops = [o for o in sbxc_task.plan.ops if o.get("read_only") == read_only_path]
     if not ops:
@@ -170,8 +178,13 @@ def test_a_read_only_path_refuses_writes_with_erofs(sbxc_task: Task, read_only_p
         f"{o['op']} {o['path'].replace(path, read_only_path, 1)}": sbxc_task.observed(o["op"], o["path"])
         for o in ops
     }
-    wrong = {k: v for (k, v), o in zip(tried.items(), ops, strict=True) if not _refusal_ok(sbxc_task, o, v)}
-    assert not wrong, f"writes at and beneath {read_only_path} gave {wrong}"
+    accepted = sbxc_settings.profile.filesystem.refuse
+    wrong = {
+        k: v
+        for (k, v), o in zip(tried.items(), ops, strict=True)
+        if not _refusal_ok(sbxc_task, o, v, accepted)
+    }
+    assert not wrong, f"writes at and beneath {read_only_path} gave {wrong}, not {' or '.join(accepted)}"
     landed = [
         o["path"] for o in ops if o["op"] == "create" and sbxc_task.host_after.get(o["path"]) is not None
     ]
@@ -183,7 +196,11 @@ def test_every_mount_beneath_a_read_only_path_is_read_only(
     sbxc_task: Task, read_only_path: str, sbxc_settings: Settings
 ) -> None:
     path = _p(sbxc_task, read_only_path)
-    declared = _declared_writable(sbxc_task, sbxc_settings)
+    # Writable inside is not promised away for a hidden path beneath (its own promise: nothing written
+    # there reaches the host), any more than for a declared writable one.
+    declared = _declared_writable(sbxc_task, sbxc_settings) + [
+        _p(sbxc_task, h) for h in sbxc_settings.profile.filesystem.hidden
+    ]
     rw = [
         f"{m.fstype} at {m.mount_point}"
         for m in mountinfo.on_top(_mounts(sbxc_task))
@@ -230,6 +247,73 @@ def test_an_absent_path_does_not_exist_inside(sbxc_task: Task, absent_path: str)
     assert seen == "ENOENT", (
         f"{absent_path} (which exists on the host) is visible inside: stat gave {seen}"
         + (f", listing {sbxc_task.value('list', path)}" if sbxc_task.observed("list", path) == "ok" else "")
+    )
+
+
+# ---- hidden --------------------------------------------------------------------------------------------
+# The weakest filesystem promise: what the host holds there is unreadable inside, and nothing the task
+# writes there reaches the host. Whether the path exists, is empty or is writable inside is not asked
+# (srt's deny-read path is an empty writable tmpfs, codex's a mode-000 one: both keep it).
+
+
+def _host_text(path: str) -> str | None:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read(4096)
+    except OSError:
+        return None
+
+
+@witness("hidden")
+def test_a_hidden_paths_host_content_is_unreadable(sbxc_task: Task, hidden_path: str) -> None:
+    path = _p(sbxc_task, hidden_path)
+    if not os.path.exists(path):
+        pytest.skip(
+            f"{hidden_path} does not exist on the host: nothing to hide, the witness would be vacuous"
+        )
+    reads = [o["path"] for o in sbxc_task.plan.ops if o["op"] == "read" and mountinfo.under(o["path"], path)]
+    host = {r: _host_text(r) for r in reads}
+    if not any(host.values()):
+        pytest.skip(f"the host has no file beneath {hidden_path} to hide: the witness would be vacuous")
+    leaked = {
+        r.replace(path, hidden_path, 1): "its host content"
+        for r in reads
+        if sbxc_task.observed("read", r) == "ok"
+        and host[r] is not None
+        and sbxc_task.value("read", r) == host[r]
+    }
+    listing = sbxc_task.value("list", path) if sbxc_task.observed("list", path) == "ok" else []
+    try:
+        on_host = set(os.listdir(path))
+    except OSError:
+        on_host = set()
+    names = sorted(set(listing or []) & on_host)
+    assert not leaked and not names, f"host content of {hidden_path} is readable inside: " + ", ".join(
+        [f"{k} gave {v}" for k, v in leaked.items()] + ([f"listing shows {names}"] if names else [])
+    )
+    # Under any other name too: a mount in the task's real mount table that shows the host's tree there.
+    with open("/proc/self/mountinfo") as f:
+        host_mounts = mountinfo.parse(f.read())
+    where = mountinfo.locate(host_mounts, path)
+    aliases = (
+        [
+            f"{e.path} (through the mount at {e.mount.mount_point})"
+            for e in mountinfo.exposures(_mounts(sbxc_task), where)
+        ]
+        if where is not None
+        else []
+    )
+    assert not aliases, f"the host's {hidden_path} is reachable inside the task at {aliases}"
+
+
+@witness("hidden")
+def test_nothing_written_in_a_hidden_path_reaches_the_host(sbxc_task: Task, hidden_path: str) -> None:
+    path = _p(sbxc_task, hidden_path)
+    plant, data = _created(sbxc_task, path, PLANT)
+    seen = sbxc_task.observed("create", plant)
+    landed = sbxc_task.host_after.get(plant)
+    assert landed is None, f"a file the task created in {hidden_path} ({seen} inside) reached the host" + (
+        " with the task's content" if landed == data else ""
     )
 
 
@@ -296,16 +380,69 @@ def test_a_sibling_in_the_per_user_temp_stays_writable(sbxc_task: Task, sbxc_set
 # ---- network -----------------------------------------------------------------------------------------
 
 
+def _socket_refused(task: Task) -> bool:
+    """Every TCP attempt the task made was refused at socket(2) itself, with EPERM: a seccomp filter
+    leaves it no network at all (codex)."""
+    tcp = task.get("tcp") or []
+    return bool(tcp) and all(
+        c["result"].get("stage") == "socket" and c["result"].get("errno") == "EPERM" for c in tcp
+    )
+
+
 @witness("network")
 def test_the_task_sees_only_the_loopback_interface(sbxc_task: Task) -> None:
-    assert sbxc_task.get("interfaces") == ["lo"], f"interfaces inside: {sbxc_task.get('interfaces')}"
+    interfaces = sbxc_task.get("interfaces")
+    if isinstance(interfaces, dict) and interfaces.get("errno") == "EPERM" and _socket_refused(sbxc_task):
+        # if_nameindex(3) needs a socket too: no interface can be listed because no socket can be made,
+        # which the refused connects prove (not the listing).
+        return
+    assert interfaces == ["lo"], f"interfaces inside: {interfaces}"
+
+
+def _proxies(task: Task) -> list[dict]:
+    """The proxies the task's environment offered it, with what each one did (inside.proxy_trials)."""
+    trials = task.get("proxies")
+    if trials is None:
+        return []
+    assert isinstance(trials, dict) and "error" not in trials, f"the task could not try its proxies: {trials}"
+    return list(trials.get("offered", []))
+
+
+def _through(entry: dict, kinds: tuple[str, ...]) -> list[str]:
+    """Targets of these kinds the proxy tunnelled to (and, for the echo listener, back from)."""
+    out = []
+    for t in entry.get("tunnels", []):
+        r = t["result"]
+        if t["kind"] in kinds and r.get("established") and r.get("echoed") is not False:
+            out.append(f"{t['host']}:{t['port']} ({t['kind']}, {r.get('status')})")
+    return out
 
 
 @witness("network")
-def test_the_task_cannot_reach_the_hosts_tcp_listener(sbxc_task: Task) -> None:
+def test_the_task_cannot_reach_the_hosts_tcp_listener(sbxc_task: Task, sbxc_settings: Settings) -> None:
     reached = [c["target"] for c in sbxc_task.get("tcp") or [] if c["result"].get("ok")]
     assert sbxc_task.get("tcp"), "the task made no TCP connect attempt"
     assert not reached, f"the task connected to the host's TCP listener at {reached}"
+    proxies = _proxies(sbxc_task)
+    for p in proxies:
+        through = _through(p, ("loopback", "host"))
+        assert not through, (
+            f"through the proxy {p['proxy']} (from {', '.join(p['vars'])}) the task reached {through}"
+        )
+    if sbxc_settings.profile.network is NetworkMode.none:
+        # No proxy at all: one that answers is a way out whatever it lets through (srt's, with even one
+        # name allowed, carries the task to it). That sandbox keeps network = "proxy", never "none".
+        open_ = [
+            f"{p['proxy']} (from {', '.join(p['vars'])})"
+            + (
+                f", through which it reached {_through(p, ('listed', 'unlisted'))}"
+                if _through(p, ("listed", "unlisted"))
+                else ""
+            )
+            for p in proxies
+            if p["connect"].get("ok")
+        ]
+        assert not open_, f"network none, but the task is offered a proxy it can reach: {open_}"
 
 
 @witness("network")
@@ -316,6 +453,49 @@ def test_the_task_cannot_reach_the_hosts_abstract_unix_socket(sbxc_task: Task) -
     assert not reached, (
         f"the task connected to the host's abstract unix socket @{reached[0] if reached else ''}"
     )
+
+
+# ---- network through a proxy: [network] mode = "proxy", allowed = [...] ------------------------------
+
+
+def _proxy_plan(task: Task) -> dict:
+    assert task.plan.proxy is not None
+    return dict(task.plan.proxy)
+
+
+@witness("network_proxy")
+def test_a_listed_name_is_reachable_through_the_proxy(sbxc_task: Task, sbxc_settings: Settings) -> None:
+    plan = _proxy_plan(sbxc_task)
+    if not sbxc_settings.profile.network_allowed:
+        pytest.skip("[network] allowed lists no name: nothing must come through")
+    if plan["unserved"]:
+        pytest.skip(f"the suite cannot serve every allowed name here: {plan['unserved']}")
+    proxies = _proxies(sbxc_task)
+    assert proxies, "network proxy, but the task's environment names no proxy (no *_proxy variable)"
+    for name in sbxc_settings.profile.network_allowed:
+        came_back = {
+            p["proxy"]: [
+                t["result"] for t in p.get("tunnels", []) if t["kind"] == "listed" and t["host"] == name
+            ]
+            for p in proxies
+        }
+        ok = [proxy for proxy, rs in came_back.items() if any(r.get("echoed") for r in rs)]
+        assert ok, f"{name} (allowed) did not come back through any proxy offered: {came_back}"
+    direct = [d for d in ((sbxc_task.get("proxies") or {}).get("direct") or []) if d["result"].get("ok")]
+    assert not direct, f"the task reached {direct} directly, not through the proxy"
+
+
+@witness("network_proxy")
+def test_the_proxy_refuses_unlisted_names_loopback_and_the_hosts_addresses(sbxc_task: Task) -> None:
+    plan = _proxy_plan(sbxc_task)
+    proxies = _proxies(sbxc_task)
+    assert proxies, "network proxy, but the task's environment names no proxy (no *_proxy variable)"
+    kinds = sorted({t["kind"] for t in plan["targets"] if t["kind"] != "listed"})
+    tried = [p for p in proxies if p.get("tunnels")]
+    assert tried, f"no proxy offered could be tried: {[(p['proxy'], p['connect']) for p in proxies]}"
+    through = {p["proxy"]: _through(p, ("unlisted", "loopback", "host")) for p in proxies}
+    through = {k: v for k, v in through.items() if v}
+    assert not through, f"the proxy let through what is not allowed ({', '.join(kinds)}): {through}"
 
 
 # ---- nested user namespaces --------------------------------------------------------------------------
@@ -384,10 +564,11 @@ def test_pid_1_is_the_sandboxs_init(sbxc_task: Task, sbxc_settings: Settings) ->
     assert tuple(pid1.get("cmdline", ())) != sbxc_task.host.pid1_cmdline, (
         f"PID 1 inside is the host's init ({' '.join(sbxc_task.host.pid1_cmdline)[:80]})"
     )
-    init = sbxc_settings.profile.process.init
-    if init is not None:
-        inits = [init] if isinstance(init, str) else list(init)
-        assert pid1.get("comm") in inits, f"PID 1 inside is {pid1.get('comm')!r}, the profile says {init!r}"
+    inits = sbxc_settings.profile.process.init
+    if inits is not None:
+        assert pid1.get("comm") in inits, (
+            f"PID 1 inside is {pid1.get('comm')!r}, the profile says {' or '.join(map(repr, inits))}"
+        )
 
 
 @witness("ipc")
@@ -423,9 +604,13 @@ def _host_status(task: Task) -> dict:
 
 
 @witness("capabilities")
-def test_the_task_has_no_capabilities(sbxc_task: Task) -> None:
+def test_the_task_has_no_capabilities(sbxc_task: Task, sbxc_settings: Settings) -> None:
     status = _host_status(sbxc_task)
-    sets = {k: status.get(k) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
+    names = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+    if sbxc_settings.profile.process.capabilities is Caps.none_effective:
+        # None it can use, none it can gain at execve; the bounding set is not promised.
+        names = ("CapPrm", "CapEff", "CapAmb")
+    sets = {k: status.get(k) for k in names}
     held = {k: v for k, v in sets.items() if v is None or int(v, 16) != 0}
     assert not held, f"capability sets of the task as the host sees them: {held}"
 
@@ -506,6 +691,8 @@ def test_every_writable_host_mount_is_a_declared_writable_path(
         and m.dev in sbxc_task.host_devices
         and not any(mountinfo.under(m.mount_point, d) for d in declared)
         and m.mount_point not in seen.device_nodes
+        # A mount the task's credentials cannot even reach is no surface it can write to.
+        and m.mount_point not in seen.unreachable
     ]
     assert not undeclared, (
         f"read-write mounts of host storage that the profile does not declare writable: {undeclared}"

@@ -116,43 +116,53 @@ def _join(top: str, rel: str) -> str:
 
 
 def on_top(mounts: Sequence[Mount]) -> list[Mount]:
-    """The mounts a path lookup can reach. Of a stack at one mount point only the last one mounted
-    shows (it is the child of the one beneath it), and a covered mount hides its submounts too: a
-    mount is visible when it is not covered and neither is any mount above it."""
+    """The mounts a path lookup can reach, resolved the way the kernel walks a path. Of a stack at one
+    mount point only the last one mounted shows (it is the child of the one beneath it). A mount is
+    reachable only through the mount that holds its mount point's directory: when something else
+    now serves that directory (a tmpfs mounted over an ancestor, a stack on top of the holder), the
+    mount and everything beneath it are hidden."""
     by_id = {m.mount_id: m for m in mounts}
     covered = {
         m.parent_id
         for m in mounts
         if m.parent_id in by_id and by_id[m.parent_id].mount_point == m.mount_point
     }
-
-    def visible(m: Mount, depth: int = 0) -> bool:
-        if m.mount_id in covered or depth > 256:  # covered; or a loop: a corrupt table
-            return False
-        # Down the stack at this mount point to its bottom, whose parent holds the directory: the
-        # stack shows only while that holder does.
-        bottom = m
+    shown: list[Mount] = []
+    # Shorter mount points first: whether a mount shows depends only on mounts above its path.
+    for m in sorted(mounts, key=lambda m: len(m.mount_point.rstrip("/"))):
+        if m.mount_id in covered:
+            continue
+        bottom, hops = m, 0
         while (
             (p := by_id.get(bottom.parent_id)) is not None
             and p is not bottom
             and p.mount_point == m.mount_point
+            and hops < 256
         ):
-            bottom = p
+            bottom, hops = p, hops + 1
         holder = by_id.get(bottom.parent_id)
-        # The root of the table names a parent outside it.
-        return holder is None or holder is bottom or visible(holder, depth + 1)
+        if holder is None or holder is bottom:
+            shown.append(m)  # the root of this table (its parent lies outside it)
+            continue
+        directory = posixpath.dirname(m.mount_point.rstrip("/")) or "/"
+        if _longest(shown, directory) is holder:
+            shown.append(m)
+    order = {m.mount_id: i for i, m in enumerate(mounts)}
+    return sorted(shown, key=lambda m: order[m.mount_id])
 
-    return [m for m in mounts if visible(m)]
+
+def _longest(mounts: Sequence[Mount], path: str) -> Mount | None:
+    best: Mount | None = None
+    for m in mounts:
+        if under(path, m.mount_point) and (best is None or len(m.mount_point) >= len(best.mount_point)):
+            best = m
+    return best
 
 
 def serving(mounts: Sequence[Mount], path: str) -> Mount | None:
     """The mount that serves `path` (no symlinks in it): the visible mount with the longest mount
     point at or above it."""
-    best: Mount | None = None
-    for m in on_top(mounts):
-        if under(path, m.mount_point) and (best is None or len(m.mount_point) >= len(best.mount_point)):
-            best = m
-    return best
+    return _longest(on_top(mounts), path)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,16 +12,24 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from probes import cancel
 from runners.errors import EXIT_DID_NOT_RUN, EXIT_USAGE, Refusal, UsageError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "probe": ("runners.probe_cmd", "find out what this host offers, with evidence"),
     "witness": ("conformance.cli", "run the witness suite on this host (no mode logic)"),
-    "run": ("runners.run_cmd", "decide native or container mode, run the witness suite there, or refuse"),
+    "run": ("runners.run_cmd", "decide native, container or VM mode, run the witness suite there, or refuse"),
     "controls": ("conformance.controls_cmd", "prove every witness can go red, for the right reason"),
     "mr-check": ("runners.mr_check", "say which tier covers a change, run it, or hand it over"),
+    "adapters": ("conformance.adapters_cmd", "list the adapters for sandboxes this project did not write"),
+    "fleet-report": ("runners.fleet_report", "many hosts' probe and witness reports as one table"),
 }
+
+
+# Subcommands that start no sandbox, container or VM: no guardian (probe stays fast; its trials
+# still die with it through probes.run).
+STARTS_NOTHING = frozenset({"probe", "fleet-report"})
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,17 +67,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
     try:
-        return int(args._main(args))
-    except UsageError as e:
-        print(f"sandbox-conformance {args.command}: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except Refusal as e:
-        print(f"sandbox-conformance {args.command}: refused: {e.reason}", file=sys.stderr)
-        for way in e.ways_on:
-            print(f"  way on: {way}", file=sys.stderr)
-        return EXIT_DID_NOT_RUN
-    except KeyboardInterrupt:
+        try:
+            if args.command not in STARTS_NOTHING:
+                # docs/cancellation.md: a signal is an orderly stop from here on, and a SIGKILL
+                # leaves the guardian to stop what we started.
+                cancel.install(args.command)
+            return int(args._main(args))
+        except UsageError as e:
+            print(f"sandbox-conformance {args.command}: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        except Refusal as e:
+            print(f"sandbox-conformance {args.command}: refused: {e.reason}", file=sys.stderr)
+            for way in e.ways_on:
+                print(f"  way on: {way}", file=sys.stderr)
+            return EXIT_DID_NOT_RUN
+    except cancel.Cancelled as e:
+        return cancel.finish(e)
+    except KeyboardInterrupt:  # ^C before the handlers were installed
         return 130
+    finally:
+        cancel.uninstall()  # done: a late signal now just ends the process
+        cancel.close()
 
 
 if __name__ == "__main__":

@@ -20,12 +20,14 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from probes import cancel, owner
 from probes.run import Completed, run
 from runners.cgroup_setup import ENV_ROOT
 from runners.witness_args import WitnessOptions
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TAG = "sandbox-conformance:local"
+NAME_PREFIX = "sandbox-conformance-"  # + the owner's stamp (probes/owner.py) + 8 hex
 # The Dockerfile's unprivileged user and the venv it prepares (keep in step with the Dockerfile).
 IMAGE_USER = "sbxc"
 IMAGE_VENV = "/opt/sandbox-conformance"
@@ -124,10 +126,10 @@ def start_argv(engine: Engine, *, name: str, image: str, repo: Path, inputs: Pat
 
 
 # Copy the read-only checkout and install it into the image's venv (made with
-# --system-site-packages, so Debian's python3-pytest, -psutil, -pyroute2, -prctl serve as the
-# dependencies). --no-deps: pytest-randomly and cgroupspy are not packaged in Debian bookworm and
-# PyPI is not reachable from here; nothing imports them at run time (randomly is only a pytest
-# plugin when installed). pip builds in the copy, never in /src.
+# --system-site-packages, so Debian's python3-pytest, -pytest-timeout, -psutil, -prctl serve as the
+# dependencies). --no-deps: PyPI is not reachable from here, and the dev extra (ruff, jsonschema,
+# pytest-randomly) is for the project's own tests, not for a run. pip builds in the copy, never in
+# /src.
 INSTALL_SCRIPT = f"""set -eu
 rm -rf /tmp/sbxc-src && mkdir /tmp/sbxc-src
 tar -C /src --exclude=./.venv --exclude=./.git --exclude=./build --exclude='*.egg-info' -cf - . \\
@@ -271,14 +273,22 @@ def run_container(engine: Engine, options: WitnessOptions, *, image: str, timeou
                   say: Callable[[str], None], environ: Mapping[str, str] | None = None) -> list[Leg]:
     environ = os.environ if environ is None else environ
     forward = {k: environ[k] for k in FORWARD_ENV if k in environ}
-    name = f"sandbox-conformance-{secrets.token_hex(4)}"
-    with tempfile.TemporaryDirectory(prefix="sbxc-container.") as tmp:
+    owner.sweep_once()
+    sweep_containers(engine, say)
+    # The owner's stamp in both names: what a SIGKILL leaves is swept by the next run (the directory
+    # by any, the container by the next container-mode run with this engine: probes/owner.py).
+    name = f"{NAME_PREFIX}{owner.stamp()}-{secrets.token_hex(4)}"
+    rm_argv = [engine.path, "rm", "--force", name]
+    with tempfile.TemporaryDirectory(prefix=f"sbxc-container.{owner.stamp()}.") as tmp:
         inputs, outputs = Path(tmp, "in"), Path(tmp, "out")
         inputs.mkdir()
         outputs.mkdir()
         # The image user writes its reports here (bind mounts keep host ownership and modes).
         os.chmod(outputs, 0o1777)
         os.chmod(inputs, 0o755)
+        # Removed on the way out (below), or by the guardian if we are SIGKILLed: a container is the
+        # engine's child, not ours, so no parent-death signal or group kill of ours reaches it.
+        guard = cancel.guard_command(rm_argv, env=engine.env, timeout=60)
         try:
             _check(run(start_argv(engine, name=name, image=image, repo=REPO, inputs=inputs, outputs=outputs),
                        timeout=120, env=engine.env), f"starting a container from {image}")
@@ -308,5 +318,20 @@ def run_container(engine: Engine, options: WitnessOptions, *, image: str, timeou
                 say(f"container: note: {setup.describe()}")
             return legs
         finally:
-            # --rm removes it once stopped; `rm --force` stops it whatever state it is in.
-            run([engine.path, "rm", "--force", name], timeout=60, env=engine.env)
+            # --rm removes it once stopped; `rm --force` stops it whatever state it is in. A
+            # cancelled run comes through here too, and everything in the container goes with it.
+            run(rm_argv, timeout=60, env=engine.env)
+            cancel.done(guard)
+
+
+def sweep_containers(engine: Engine, say: Callable[[str], None]) -> None:
+    """Remove our containers whose run is gone (SIGKILLed, with its guardian): never another live
+    run's, nor a container we did not name."""
+    listed = run([engine.path, "ps", "--all", "--filter", f"name={NAME_PREFIX}o", "--format", "{{.Names}}"],
+                 timeout=30, env=engine.env)
+    for name in listed.stdout.split() if listed.ok else []:
+        found = owner.find(name.removeprefix(NAME_PREFIX))
+        if name.startswith(NAME_PREFIX) and found is not None and owner.gone(found):
+            done = run([engine.path, "rm", "--force", name], timeout=60, env=engine.env)
+            say(f"container: swept {name}: its run (pid {found.pid}) is gone"
+                + ("" if done.ok else f" (rm failed: {done.stderr_tail(1)})"))

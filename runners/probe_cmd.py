@@ -37,17 +37,18 @@ def _ids(text: str, flag: str) -> list[str]:
     return ids
 
 
-def context(host: Host, findings: list[Finding]) -> dict[str, Any]:
+def context(host: Host, findings: list[Finding], as_user: str | None = None) -> dict[str, Any]:
     by = {f.probe: f for f in findings}
     bw = by.get("bwrap")
     return {
         "euid": host.euid,
         "user": host.user,
-        "as_user": host.as_user,
+        "as_user": as_user or host.as_user,
         "kernel": platform.release(),
         "arch": platform.machine(),
         "python": platform.python_version(),
-        "bwrap": (bw.facts.get("path") if bw else None),
+        # Without the bwrap probe (--only deployment), still say which bwrap PATH finds.
+        "bwrap": (bw.facts.get("path") if bw else host.which("bwrap")),
         "bwrap_version": (bw.facts.get("version") if bw else None),
     }
 
@@ -75,7 +76,7 @@ def main(args: argparse.Namespace) -> int:
                      for f in theirs]
     host = Host()
     if args.json:
-        doc = {"schema": SCHEMA, "context": context(host, findings),
+        doc = {"schema": SCHEMA, "context": context(host, findings, args.as_user),
                "findings": [f.to_json() for f in findings]}
         print(json.dumps(doc, indent=2, sort_keys=False))
     else:

@@ -295,7 +295,7 @@ def test_one_perturbation_of_the_reference_sandbox_turns_exactly_its_witnesses_r
         ("sleep 6131", "timed out"),
         ("echo oops >&2; exit 3", "exited 3"),
         ("cat >/dev/null; echo garbage; echo '{not json'", "printed no witness document"),
-        ('cat >/dev/null; echo \'{"version": 1, "complete": false}\'', "partial"),
+        ('cat >/dev/null; echo \'{"version": 2, "complete": false}\'', "partial"),
         (None, "could not be executed"),
     ],
     ids=["hangs", "exits-non-zero", "prints-garbage", "prints-a-partial-document", "does-not-exist"],
@@ -335,12 +335,12 @@ def test_a_launcher_that_does_not_deliver_is_a_harness_error_naming_it_and_leave
 
 
 def test_parse_document_never_passes_an_incomplete_launch() -> None:
-    ok = Completed(("x",), 0, '{"version": 1, "complete": true}\n', "", 0.1)
+    ok = Completed(("x",), 0, '{"version": 2, "complete": true}\n', "", 0.1)
     assert parse_document("L", ok)["complete"] is True
     with pytest.raises(HarnessError, match=r"^L: exited 1"):
-        parse_document("L", Completed(("x",), 1, '{"version": 1, "complete": true}\n', "", 0.1))
-    with pytest.raises(HarnessError, match="version 2"):
-        parse_document("L", Completed(("x",), 0, '{"version": 2, "complete": true}\n', "", 0.1))
+        parse_document("L", Completed(("x",), 1, '{"version": 2, "complete": true}\n', "", 0.1))
+    with pytest.raises(HarnessError, match="version 1, expected 2"):
+        parse_document("L", Completed(("x",), 0, '{"version": 1, "complete": true}\n', "", 0.1))
     with pytest.raises(HarnessError, match="timed out"):
         parse_document("L", Completed(("x",), None, "", "", 5.0, timed_out=True))
 

@@ -87,3 +87,16 @@ def test_escaped_mount_points_are_decoded() -> None:
 def test_this_hosts_own_table_serves_every_path_from_some_mount() -> None:
     mounts = mi.parse(Path("/proc/self/mountinfo").read_text())
     assert mi.serving(mounts, "/") is not None and mi.locate(mounts, "/usr/bin") is not None
+
+
+def test_a_mount_over_an_ancestor_hides_the_submounts_beneath_it() -> None:
+    # bwrap --ro-bind / / copies the host's submounts (here one under /tmp), then --tmpfs /tmp covers
+    # the directory they hang in: lookups of /tmp/x/inner now end in the tmpfs.
+    mounts = mi.parse(
+        "1 0 0:40 / / rw - tmpfs tmpfs rw\n"
+        "2 1 8:1 / / ro - ext4 /dev/vda rw\n"
+        "3 2 0:50 / /tmp/x/inner rw - tmpfs none rw\n"
+        "4 2 0:51 / /tmp rw - tmpfs tmpfs rw\n"
+    )
+    assert {m.mount_id for m in mi.on_top(mounts)} == {2, 4}
+    assert mi.serving(mounts, "/tmp/x/inner/f").mount_id == 4

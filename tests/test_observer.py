@@ -135,3 +135,18 @@ def test_bad_witness_input_exits_2_with_one_line_before_anything_runs(args: list
 def test_the_tag_fits_the_kernels_comm() -> None:
     # TASK_COMM_LEN is 16 with the NUL (include/linux/sched.h): a longer tag would be cut and never found.
     assert len(observer.tag("f" * 16)) == 15
+
+
+def test_a_mount_behind_a_directory_the_task_cannot_search_is_unreachable(tmp_path: Path) -> None:
+    # What an unprivileged bwrap leaves read-write under a --ro-bind (it cannot reach it either).
+    locked = tmp_path / "var" / "locked"
+    (locked / "inner").mkdir(parents=True)
+    os.chown(locked, 0, 0)
+    locked.chmod(0o700)
+    task = observer.Creds(fsuid=1000, fsgid=1000, groups=frozenset(), mapped=((1000, 1),))
+    assert observer.unreachable(tmp_path, "/var/locked/inner", task)
+    # Mapped owner: a capability in the task's namespace could override the mode.
+    mapped = observer.Creds(fsuid=1000, fsgid=1000, groups=frozenset(), mapped=((0, 65536),))
+    assert not observer.unreachable(tmp_path, "/var/locked/inner", mapped)
+    locked.chmod(0o711)
+    assert not observer.unreachable(tmp_path, "/var/locked/inner", task)

@@ -87,6 +87,18 @@ def _docker(as_user: str | None, env: Mapping[str, str]) -> str:
     return docker.prefix(env)
 
 
+def _srt(as_user: str | None, env: Mapping[str, str]) -> str:
+    from conformance.adapters import srt
+
+    return srt.prefix(env)
+
+
+def _codex(as_user: str | None, env: Mapping[str, str]) -> str:
+    from conformance.adapters import codex
+
+    return codex.prefix(env)
+
+
 ADAPTERS: Mapping[str, Adapter] = {
     a.name: a
     for a in (
@@ -104,6 +116,18 @@ ADAPTERS: Mapping[str, Adapter] = {
             _systemd_run,
         ),
         Adapter("docker", "docker run with chosen flags against $DOCKER_HOST", "docker.toml", _docker),
+        Adapter(
+            "srt",
+            "Anthropic sandbox-runtime (srt): bwrap, deny-read tmpfs, network via its proxy",
+            "srt.toml",
+            _srt,
+        ),
+        Adapter(
+            "codex",
+            "OpenAI Codex CLI `codex sandbox` (Linux): bwrap + seccomp, a permissions profile per task",
+            "codex.toml",
+            _codex,
+        ),
     )
 }
 

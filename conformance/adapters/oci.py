@@ -39,6 +39,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from conformance.profile import PLACEHOLDERS, expand
+from probes import owner
 
 RUNTIMES = ("runc", "crun")
 SPEC_ENV = "SANDBOX_CONFORMANCE_TASK_SPEC"  # conformance.launch.SPEC_ENV (not imported: keep this light)
@@ -251,7 +252,8 @@ PROFILE_HEADER = """\
 # The OCI adapter's profile (runc and crun alike), DERIVED from the bundle template in
 # conformance/adapters/oci.py by `derive_profile`: regenerate it with
 #     python -m conformance.adapters.oci --print-profile > conformance/adapters/oci.toml
-# (tests/test_adapters_oci.py fails when this file and the derivation differ).
+# (tests/test_adapters_e2e.py::test_the_shipped_oci_profile_is_the_one_derived_from_the_bundle fails
+# when this file and the derivation differ).
 #
 # Narrowed where the bundle makes a promise this suite cannot witness at the same path:
 #   root.readonly   `/` inside is an empty directory of ours, not the host's `/`: nothing to compare
@@ -422,7 +424,9 @@ def launch(runtime: str, args: Sequence[str], spec: Mapping[str, Any], config: M
     elif st.st_uid != 0:
         rendered["process"]["user"] = {"uid": st.st_uid, "gid": st.st_gid}
     cid = f"sbxc-{values['task_id']}-{secrets.token_hex(3)}"
-    workspace = Path(tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{values['task_id']}-"))
+    # Our stamp in the name: if this launcher and its guardian both die, the next run's sweep deletes
+    # the container and the workspace (probes/owner.py).
+    workspace = Path(tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{owner.stamp()}-{values['task_id']}-"))
     # The guardian lives in a session of its own (the harness's group kill must not reach it) and
     # holds the read end of a pipe whose write end only we hold (os.pipe fds are not inherited,
     # PEP 446): the runtime and the container never see it.
@@ -501,7 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         spec = json.loads(Path(spec_file).read_text())
-        # --mask-missing: the runtime-tools comparison (tests/test_adapters_oci.py): the config
+        # --mask-missing: the runtime-tools comparison (tests/test_adapters_e2e.py): the config
         # still masks {state}/db, but the state tree is not in the rootfs, so the path is missing.
         config = template(bind_state=not a.mask_missing)
         return launch(a.runtime, args, spec, config)

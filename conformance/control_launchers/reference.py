@@ -1,7 +1,8 @@
 """A negative control's launcher: the reference sandbox (conformance/bwrap_argv.py, embedded profile)
 with ONE thing changed, for promises the reference launcher cannot perturb itself.
 
-    python -m conformance.control_launchers.reference [--disable-userns] [--append=WORD]... [--join] -- CMD...
+    python -m conformance.control_launchers.reference [--disable-userns] [--append=WORD]... [--join] \
+        [--mask-copy] [--offer-proxy] [--landlock-refuse=DIR] -- CMD...
 
 Run by the witness suite as an external launcher (`--launcher 'PREFIX'`): the layout values come
 from the task spec named by $SANDBOX_CONFORMANCE_TASK_SPEC, CMD is `python3 -I -S -` with the witness
@@ -15,6 +16,15 @@ program on stdin.
                CMD enters the holder's namespaces, root and working directory from outside with
                setns(2) (what nsenter(1) does), drops every capability (including the bounding set,
                as bwrap does) and gets the profile's environment: the same sandbox, minus the bit.
+
+--mask-copy        over each masked path, a read-only tmpfs of the sandbox's own holding a COPY of the
+                   host's files there: no host storage mounted, the content readable all the same.
+--offer-proxy      what srt adds: an HTTP proxy on the host (here one that tunnels to any name),
+                   relayed into the task's network namespace at 127.0.0.1:3128 and named in
+                   HTTP(S)_PROXY. The launcher serves it while bwrap runs, as a child.
+--landlock-refuse=DIR  a Landlock ruleset, made in the sandbox before the task, that refuses every
+                   write beneath DIR with EACCES (landlock(7)); with DIR bound read-write, nothing
+                   lands, but the refusal is not EROFS.
 
 --disable-userns is passed by the `controls` command when the disable_userns probe says it works
 (the reference launcher's own rule). Exit status: CMD's; 70 (EX_SOFTWARE) when the sandbox could
@@ -33,6 +43,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 EX_SOFTWARE = 70
 # linux/nsfs.h: _IO(0xb7, 0x1): an fd for the user namespace that owns a namespace.
@@ -76,6 +87,9 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--stale-control", action="store_true")
     p.add_argument("--leave-daemon", action="store_true")
     p.add_argument("--forge-document", action="store_true")
+    p.add_argument("--mask-copy", action="store_true")
+    p.add_argument("--offer-proxy", action="store_true")
+    p.add_argument("--landlock-refuse", metavar="DIR")
     args = p.parse_args(argv[:cut])
     cmd = argv[cut + 1 :]
     if not cmd:
@@ -335,7 +349,7 @@ def forge_document() -> int:
         ops.append(dict(op, result=result))
     refused = {"ok": False, "errno": "ECONNREFUSED"}
     doc = {
-        "version": 1,
+        "version": 2,
         "task_id": plan["task_id"],
         "launch_nonce": plan["launch_nonce"],
         "complete": True,
@@ -355,6 +369,177 @@ def forge_document() -> int:
     }
     sys.stdout.write(json.dumps(doc) + "\n")
     return 0
+
+
+# ---- issue 13: the vocabulary of agent sandboxes (hidden content, proxies, accepted refusals) ---------
+
+
+def _mask_copy(spec: Mapping[str, object]) -> tuple[str, ...]:
+    """Over each masked path of the reference profile, a tmpfs of the sandbox's own holding a copy of
+    the host's files there (bwrap --file FD DEST), remounted read-only: no host storage is mounted at
+    the path, yet what the mask must keep out is readable. A second tmpfs stacked on the reference's
+    (whose --remount-ro already ran): the one on top serves the path."""
+    from conformance import profile
+
+    values = {k: str(spec[k]) for k in profile.PLACEHOLDERS if k in spec}
+    words: list[str] = []
+    for template in profile.load(None).filesystem.masked:
+        path = profile.expand(template, values)
+        words += ["--tmpfs", path]
+        for name in sorted(os.listdir(path)):
+            source = os.path.join(path, name)
+            if os.path.isfile(source) and not os.path.islink(source):
+                fd = os.open(source, os.O_RDONLY)
+                os.set_inheritable(fd, True)
+                words += ["--file", str(fd), os.path.join(path, name)]
+        words += ["--remount-ro", path]
+    return tuple(words)
+
+
+PROXY_PORT = 3128  # where srt's relay listens in the task's network namespace too
+# In the sandbox, before the task: a relay from 127.0.0.1:PROXY_PORT (the task's own loopback) to the
+# proxy's unix socket on the host, forked off with no stdio of ours, then the task itself. It dies with
+# the sandbox's pid namespace. Stdlib only, like the witness program.
+RELAY = """
+import os, socket, sys, threading
+path, port, cmd = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+lsock = socket.socket()
+lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+lsock.bind(("127.0.0.1", port))
+lsock.listen(16)
+if os.fork() == 0:
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    def pump(a, b):
+        try:
+            while True:
+                data = a.recv(65536)
+                if not data:
+                    break
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+    while True:
+        conn, _ = lsock.accept()
+        up = socket.socket(socket.AF_UNIX)
+        up.connect(path)
+        for a, b in ((conn, up), (up, conn)):
+            threading.Thread(target=pump, args=(a, b), daemon=True).start()
+lsock.close()
+os.execvp(cmd[0], cmd)
+"""
+
+
+def _pump(a: Any, b: Any) -> None:
+    import socket
+
+    with contextlib.suppress(OSError):
+        while data := a.recv(65536):
+            b.sendall(data)
+    for s in (a, b):
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
+
+
+def _tunnel(conn: Any) -> None:
+    """One CONNECT, to whatever the task names (RFC 9110 9.3.6): the permissive proxy."""
+    import socket
+    import threading
+
+    with contextlib.suppress(OSError, ValueError):
+        head = b""
+        while b"\r\n\r\n" not in head and len(head) < 8192:
+            chunk = conn.recv(1024)
+            if not chunk:
+                return
+            head += chunk
+        method, authority, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
+        host, _, port = authority.rpartition(":")
+        if method != "CONNECT":
+            conn.sendall(b"HTTP/1.1 405 Method Not Allowed\r\n\r\n")
+            return
+        try:
+            up = socket.create_connection((host, int(port)), timeout=5)
+        except OSError:
+            conn.sendall(b"HTTP/1.1 502 Bad Gateway\r\n\r\n")
+            return
+        conn.sendall(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        threading.Thread(target=_pump, args=(up, conn), daemon=True).start()
+        _pump(conn, up)
+
+
+def offer_proxy(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object]) -> int:
+    """The reference sandbox, plus what srt adds: a proxy on the host (here: one that tunnels to any
+    name), relayed into the task's network namespace and named in HTTP(S)_PROXY. The launcher serves
+    it while bwrap runs, so it is gone when the launch is."""
+    import socket
+    import threading
+
+    sock_path = str(_scratch(spec, "px") / "s")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(sock_path)
+    server.listen(16)
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = server.accept()
+                threading.Thread(target=_tunnel, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    url = f"http://127.0.0.1:{PROXY_PORT}"
+    env = [
+        w
+        for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+        for w in ("--setenv", var, url)
+    ]
+    python = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
+    argv = [*body, *env, python, "-I", "-S", "-c", RELAY, sock_path, str(PROXY_PORT), *cmd]
+    try:
+        proc = subprocess.Popen(argv)
+        return proc.wait(timeout=BWRAP_EXIT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise SetupError(f"the sandbox with a proxy ran past {BWRAP_EXIT_TIMEOUT:g}s") from None
+    finally:
+        server.close()
+
+
+# Landlock (landlock(7)): the write accesses of ABI 1, each refused with EACCES beneath no rule.
+LANDLOCK_WRITES = sum(1 << b for b in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12))
+# In the sandbox, before the task: a ruleset that allows those accesses beneath every top-level
+# directory but DIR (and no symlink: /bin -> usr/bin would let /usr back in), then the task itself.
+# landlock_create_ruleset, _add_rule, _restrict_self are 444-446 on every architecture.
+LANDLOCK = """
+import ctypes, os, struct, sys
+deny, writes, cmd = sys.argv[1].strip("/"), int(sys.argv[2]), sys.argv[3:]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+attr = ctypes.create_string_buffer(struct.pack("Q", writes))
+ruleset = libc.syscall(444, attr, ctypes.c_size_t(8), ctypes.c_uint32(0))
+if ruleset < 0:
+    sys.exit("landlock_create_ruleset: " + os.strerror(ctypes.get_errno()))
+for name in sorted(os.listdir("/")):
+    top = "/" + name
+    if name == deny or os.path.islink(top) or not os.path.isdir(top):
+        continue
+    fd = os.open(top, os.O_PATH | os.O_DIRECTORY)
+    rule = ctypes.create_string_buffer(struct.pack("=Qi", writes, fd))
+    if libc.syscall(445, ctypes.c_int(ruleset), ctypes.c_int(1), rule, ctypes.c_uint32(0)) != 0:
+        sys.exit("landlock_add_rule " + top + ": " + os.strerror(ctypes.get_errno()))
+    os.close(fd)
+if libc.syscall(446, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+    sys.exit("landlock_restrict_self: " + os.strerror(ctypes.get_errno()))
+os.execvp(cmd[0], cmd)
+"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -377,8 +562,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             body += _stale_control(spec)
         if args.leave_daemon:
             _leave_daemon()
+        if args.mask_copy:
+            body += _mask_copy(spec)
+        if args.landlock_refuse:
+            python = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
+            cmd = [python, "-I", "-S", "-c", LANDLOCK, args.landlock_refuse, str(LANDLOCK_WRITES), *cmd]
         if args.join:
             return join(body, cmd, spec)
+        if args.offer_proxy:
+            return offer_proxy(body, cmd, spec)
         os.execv(body[0], [*body, *cmd])
     except SetupError as e:
         print(f"control launcher: {e}", file=sys.stderr)

@@ -1,0 +1,131 @@
+"""The OpenAI Codex CLI's own sandbox (npm @openai/codex), as `codex sandbox [-c ...] -- CMD`: the one
+Codex puts around the commands its agent runs, with no model and no account involved.
+
+On Linux Codex runs the command through its helper (codex-linux-sandbox, re-executed from Codex's own
+binary) in a bubblewrap it bundles: the host's `/` bound read-only, the profile's "write" paths bound
+back read-write, every "none" path covered by an empty read-only tmpfs of mode 000 (EACCES, even for
+root: the task holds no capability), protected names under a writable root (.git, .codex, .agents,
+.aws) covered read-only, new user, pid, ipc, mount and network namespaces, every capability dropped,
+no_new_privs and a seccomp filter that refuses socket(2) for the network families (EPERM).
+
+The permissions profile is built from the task spec ($SANDBOX_CONFORMANCE_TASK_SPEC), per task, and
+given with `-c` (Codex's config overrides, parsed as TOML), so nothing of it lives in a config file:
+    default_permissions = "sbxc"
+    permissions.sbxc.filesystem = { ":root" = "read", {workdir} = "write", {user_tmp} = "write",
+                                    {state}/db = "none", {neighbour_control} = "none", {other_user} = "none" }
+CODEX_HOME is a directory of the caller's own outside /tmp (~/.cache/sandbox-conformance/codex-home):
+Codex writes its helper's alias there and refuses to do so under the temp dir (then the sandbox cannot
+start: "execvp codex-linux-sandbox"). HOME is the task's workdir, as for the other adapters.
+
+Launcher command (the witness appends `python3 -I -S -`, run here with the pinned /usr/bin/python3):
+    PYTHON -m conformance.adapters.codex --
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import pwd
+import shlex
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from conformance.adapters import Unavailable
+from conformance.adapters.srt import EX_USAGE, SYSTEM_PATH, installed, npm_prefix, pinned, read_spec, run
+
+PACKAGE = "@openai/codex"
+VERSION = "0.171.0"  # pinned: codex.toml describes what this version does
+PROFILE = "sbxc"
+# The native binary the npm package's launcher (bin/codex.js) executes, by platform package.
+NATIVE = {"x86_64": ("@openai/codex-linux-x64", "x86_64-unknown-linux-musl")}
+HOME_DIR = ".cache/sandbox-conformance/codex-home"
+
+
+def node(env: Mapping[str, str]) -> str:
+    found = shutil.which("node", path=env.get("PATH") or SYSTEM_PATH)
+    if found is None:
+        raise Unavailable("codex's launcher needs node, not on PATH (apt-get install nodejs)")
+    return found
+
+
+def cli(env: Mapping[str, str]) -> Path:
+    prefix = npm_prefix(env)
+    why = installed(prefix, PACKAGE, VERSION)
+    if why:
+        raise Unavailable(why)
+    machine = platform.machine()
+    if machine not in NATIVE:
+        raise Unavailable(f"no native codex is pinned for {machine} (known: {', '.join(NATIVE)})")
+    package, triple = NATIVE[machine]
+    binary = prefix / "node_modules" / package / "vendor" / triple / "bin" / "codex"
+    if not os.access(binary, os.X_OK):
+        raise Unavailable(f"{package} (codex's native binary) is not installed under {prefix}")
+    return prefix / "node_modules" / PACKAGE / "bin" / "codex.js"
+
+
+def prefix(env: Mapping[str, str]) -> str:
+    """The --launcher prefix; Unavailable when codex or node is missing."""
+    cli(env)
+    node(env)
+    return shlex.join([sys.executable or "python3", "-m", "conformance.adapters.codex", "--"])
+
+
+def _toml(value: Any) -> str:
+    # A TOML string or inline table, as `codex -c key=VALUE` parses VALUE (JSON strings are TOML
+    # basic strings for the paths a layout has).
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{_toml(str(k))} = {_toml(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)
+
+
+def filesystem(spec: Mapping[str, Any]) -> dict[str, str]:
+    """The permissions profile's filesystem table for this task (PURE)."""
+    return {
+        ":root": "read",
+        spec["workdir"]: "write",
+        spec["user_tmp"]: "write",
+        f"{spec['state']}/db": "none",
+        spec["neighbour_control"]: "none",
+        spec["other_user"]: "none",
+    }
+
+
+def overrides(spec: Mapping[str, Any]) -> list[str]:
+    """`codex sandbox` arguments that select the per-task permissions profile (PURE)."""
+    return [
+        "-c",
+        f"default_permissions={_toml(PROFILE)}",
+        "-c",
+        f"permissions.{PROFILE}.filesystem={_toml(filesystem(spec))}",
+    ]
+
+
+def codex_home() -> Path:
+    home = Path(pwd.getpwuid(os.getuid()).pw_dir) / HOME_DIR
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return home
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in args or not args[args.index("--") + 1 :]:
+        print("usage: python -m conformance.adapters.codex -- CMD...", file=sys.stderr)
+        return EX_USAGE
+    cmd = pinned(args[args.index("--") + 1 :])
+    try:
+        js, exe = cli(os.environ), node(os.environ)
+        spec, _ = read_spec(os.environ)
+        home = codex_home()
+    except (Unavailable, ValueError, OSError) as e:
+        print(f"codex adapter: {e}", file=sys.stderr)
+        return EX_USAGE
+    env = dict(os.environ, CODEX_HOME=str(home), HOME=spec["workdir"])
+    return run([exe, str(js), "sandbox", *overrides(spec), "--", *cmd], env=env, cwd=spec["workdir"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
