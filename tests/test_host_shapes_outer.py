@@ -67,8 +67,11 @@ def test_delegate_is_refused_when_systemctl_only_exits_0(cli: Path, tmp_path: Pa
 
 
 def _inside_bwrap(bwrap: str, cli: Path, tmp_path: Path, *args: str) -> Completed:
+    # The checkout and the test's temp dir are bound back over the fresh /tmp: a clone may live there
+    # (CI's does), and the CLI runs from its venv.
     return run([bwrap, "--unshare-user", "--disable-userns", "--die-with-parent",
                 "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+                "--ro-bind", str(REPO), str(REPO), "--bind", str(tmp_path), str(tmp_path),
                 "--chdir", str(REPO), "--", str(cli), *args], timeout=120, env=_env(tmp_path), cwd=str(REPO))
 
 
