@@ -21,7 +21,15 @@ from conformance import profile as profile_mod
 from conformance.launch import external
 from probes import cancel
 from probes.host import Host
-from runners.errors import EXIT_FAIL, EXIT_OK, EXIT_USAGE, Refusal, UsageError, check_as_user
+from runners.errors import (
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_USAGE,
+    Refusal,
+    UsageError,
+    check_as_user,
+    check_writable,
+)
 
 WITNESS_MODULE = Path(__file__).resolve().parent / "test_witnesses.py"
 PERTURB_ENV = "SANDBOX_CONFORMANCE_PERTURB"  # comma-separated, for the negative controls (issue 6)
@@ -219,19 +227,6 @@ def _count(outcomes: Any) -> dict[str, int]:
     for o in outcomes:
         out[o] = out.get(o, 0) + 1
     return out
-
-
-def check_writable(flag: str, value: str) -> None:
-    """An output file that cannot be written is bad input, said before the suite runs (not a traceback
-    after it, with a PASS already printed)."""
-    path = Path(value)
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise UsageError(f"{flag} {value}: is a directory")
-    if not parent.is_dir():
-        raise UsageError(f"{flag} {value}: no such directory {parent}")
-    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise UsageError(f"{flag} {value}: not writable")
 
 
 def _plugin_registered() -> bool:

@@ -37,6 +37,7 @@ from conformance.launch import (
     launch,
 )
 from conformance.profile import Profile, expand
+from probes.cgroup import own_cgroup
 from probes.finding import Finding, Verdict
 from probes.host import Host
 from probes.run import Completed, minimal_env, run
@@ -422,7 +423,7 @@ def check_document(name: str, doc: Mapping[str, Any], the_plan: plan.Plan) -> No
 
 def _own_cgroup() -> str:
     text = Path("/proc/self/cgroup").read_text()
-    return next((line[3:] for line in text.splitlines() if line.startswith("0::")), "")
+    return own_cgroup(text) or ""
 
 
 def _read(path: Path) -> str | None:
@@ -442,16 +443,15 @@ def host_view(pid: int) -> dict[str, Any] | None:
         pidns = os.readlink(f"/proc/{pid}/ns/pid")
     except (FileNotFoundError, ProcessLookupError):
         return None
-    # proc(5): comm is in parentheses and may hold spaces; fields resume after the LAST ')'.
-    rest = stat[stat.rindex(")") + 2 :].split()
+    fields = observer.stat_fields(stat)
     nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
     return {
         "pid": pid,
         "nspid": [int(x) for x in nspid],
         "pidns": pidns,
-        "state": rest[0],
-        "sid": int(rest[3]),
-        "starttime": int(rest[19]),
+        "state": fields["state"],
+        "sid": fields["sid"],
+        "starttime": fields["starttime"],
         "cgroup": cgroup.splitlines(),
     }
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from probes import mountinfo
+from probes.cgroup import own_cgroup
 
 NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "user", "uts")
 STATUS_KEYS = (
@@ -42,6 +43,7 @@ STATUS_KEYS = (
     "NSpid",
     "Uid",
     "Gid",
+    "Groups",
 )
 READY_KEY = "sbxc_ready"
 # How long a found task's process group may take to go after the launcher exits: a pid namespace is
@@ -202,13 +204,13 @@ def read(
     shut: set[str] = set()
     if not isinstance(mounts, str) and not isinstance(status, str):
         uid_map = _attempt(lambda: _read(base / "uid_map"))
-        text = _attempt(lambda: _read(base / "status"))  # for Groups:, which _status leaves out
-        creds = Creds.of(
-            status, text if isinstance(text, str) else "", uid_map if isinstance(uid_map, str) else ""
-        )
+        creds = Creds.of(status, uid_map if isinstance(uid_map, str) else "")
+        held = held_devices(base)
         for m in mountinfo.on_top(mounts):
             writable = not m.read_only and m.storage and m.mount_point not in nodes
-            if writable and unreachable(root, m.mount_point, creds):
+            # A filesystem the task already holds a way into (its cwd, its root, an open descriptor)
+            # needs no path search: relative writes reach it whatever the directories above say.
+            if writable and m.dev not in held and unreachable(root, m.mount_point, creds):
                 shut.add(m.mount_point)
     cgroup = _attempt(lambda: _read(base / "cgroup"))
     return Seen(
@@ -236,9 +238,9 @@ class Creds:
     mapped: tuple[tuple[int, int], ...]  # (outside start, count) of the task's user namespace uid_map
 
     @classmethod
-    def of(cls, status: Mapping[str, str], status_text: str, uid_map: str) -> Creds:
+    def of(cls, status: Mapping[str, str], uid_map: str) -> Creds:
         uids, gids = status.get("Uid", "0 0 0 0").split(), status.get("Gid", "0 0 0 0").split()
-        groups = next((ln.split()[1:] for ln in status_text.splitlines() if ln.startswith("Groups:")), [])
+        groups = status.get("Groups", "").split()
         ranges = []
         for line in uid_map.splitlines():
             parts = line.split()
@@ -248,6 +250,20 @@ class Creds:
 
     def maps(self, uid: int) -> bool:
         return any(start <= uid < start + count for start, count in self.mapped)
+
+
+def held_devices(base: Path) -> frozenset[str]:
+    """The filesystems ("major:minor") of the task's cwd, root and every open descriptor, by stat
+    through /proc/PID (the kernel follows the task's own references, proc(5))."""
+    refs = [base / "cwd", base / "root"]
+    with contextlib.suppress(OSError):
+        refs += [base / "fd" / n for n in os.listdir(base / "fd")]
+    out = set()
+    for ref in refs:
+        with contextlib.suppress(OSError):
+            st = os.stat(ref)
+            out.add(f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+    return frozenset(out)
 
 
 def unreachable(root: Path, mount_point: str, creds: Creds) -> bool:
@@ -279,11 +295,11 @@ def unreachable(root: Path, mount_point: str, creds: Creds) -> bool:
 def cgroup_files(cgroup: str, host_mounts: Sequence[mountinfo.Mount]) -> dict[str, str]:
     """The limits of the task's cgroup v2 directory, read through the host's cgroup2 mount (the one
     showing the hierarchy's root; `0::PATH` is relative to it, cgroups(7))."""
-    path = next((line[3:] for line in cgroup.splitlines() if line.startswith("0::")), None)
+    path = own_cgroup(cgroup)
     mount = next((m for m in host_mounts if m.fstype == "cgroup2" and m.root == "/"), None)
     if path is None or mount is None:
         return {"error": "no cgroup v2 line" if path is None else "no cgroup2 mount on the host"}
-    d = Path(mount.mount_point) / path.removesuffix(" (deleted)").lstrip("/")
+    d = Path(mount.mount_point) / path.lstrip("/")
     out = {"path": path}
     for name in ("memory.max", "pids.max"):
         out[name] = _attempt(lambda n=name: (d / n).read_text().strip())

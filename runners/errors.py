@@ -6,6 +6,7 @@ import os
 import pwd
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 EXIT_OK = 0
@@ -51,3 +52,16 @@ def refuse(reason: str, *, ways_on: Sequence[str] = ()) -> NoReturn:
     for way in ways_on:
         print(f"  way on: {way}", file=sys.stderr)
     sys.exit(EXIT_DID_NOT_RUN)
+
+
+def check_writable(flag: str, value: str) -> None:
+    """An output file that cannot be written is bad input, said before the suite runs (not a traceback
+    after it, with a PASS already printed)."""
+    path = Path(value)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise UsageError(f"{flag} {value}: is a directory")
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {value}: no such directory {parent}")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{flag} {value}: not writable")

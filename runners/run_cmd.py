@@ -27,7 +27,7 @@ from probes.host import Host
 from probes.run import run
 from runners import container, native, vm_mode, witness_args
 from runners.decide import NEEDED, Decision, Mode, Request, decide
-from runners.errors import EXIT_DID_NOT_RUN, EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError
+from runners.errors import EXIT_DID_NOT_RUN, EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError, check_writable
 
 MODE_ENV = "SANDBOX_CONFORMANCE_MODE"
 PRINT_MODE_ENV = "SANDBOX_CONFORMANCE_PRINT_MODE"
@@ -77,6 +77,10 @@ def _validate(args: argparse.Namespace, request: Request) -> None:
             raise UsageError(f"--as-user: no such user {args.as_user!r}") from None
     if args.timeout <= 0:
         raise UsageError("--timeout: expected a positive number of seconds")
+    for flag, value in (("--junitxml", args.junitxml), ("--json", args.json)):
+        if value is not None and value != "-":
+            # The witness command's own check, before anything is probed or launched here.
+            check_writable(flag, value)
 
 
 def render(decision: Decision, requested: Mode) -> list[str]:

@@ -150,3 +150,29 @@ def test_a_mount_behind_a_directory_the_task_cannot_search_is_unreachable(tmp_pa
     assert not observer.unreachable(tmp_path, "/var/locked/inner", mapped)
     locked.chmod(0o711)
     assert not observer.unreachable(tmp_path, "/var/locked/inner", task)
+
+
+def test_the_filesystems_a_task_already_holds_are_never_unreachable(tmp_path: Path) -> None:
+    # cwd (and any open descriptor) inside a mount needs no path search: relative writes reach it.
+    proc = subprocess.Popen(["sleep", "30"], cwd=tmp_path)
+    try:
+        st = os.stat(tmp_path)
+        held = observer.held_devices(Path(f"/proc/{proc.pid}"))
+        assert f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}" in held
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_run_refuses_an_unwritable_report_before_probing_anything(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "runners.cli", "run", "--json", str(tmp_path / "missing" / "r.json")],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+    )
+    assert done.returncode == 2, done.stderr
+    assert "no such directory" in done.stderr and "mode native" not in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
