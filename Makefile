@@ -26,6 +26,7 @@ run: setup
 
 lint: setup
 	$(VENV)/bin/ruff check probes runners conformance tests bench fleet
+	$(VENV)/bin/mypy
 
 test: setup lint
 	@scripts/test-host-setup

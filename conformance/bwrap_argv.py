@@ -90,9 +90,9 @@ def _mounts(profile: Profile, values: Mapping[str, str], perturb: frozenset[str]
             user_tree = str(PurePosixPath(control).parents[2])
             mistakes.append(_Mount("ro-bind", user_tree, user_tree))
         add(_Mount("bind" if "control_rw" in perturb else "ro-bind", control, control))
-    for p in (task.user_tmp, task.workdir, *fs.writable):
-        if p is not None:
-            add(_Mount("bind", expand(p, values), expand(p, values)))
+    for rw in (task.user_tmp, task.workdir, *fs.writable):
+        if rw is not None:
+            add(_Mount("bind", expand(rw, values), expand(rw, values)))
     for p in fs.read_only:
         add(_Mount("ro-bind", expand(p, values), expand(p, values)))
     if "other_user_bound" in perturb and "other_user" in values:

@@ -21,7 +21,8 @@ process in the subtree atomically with respect to fork. Older kernels lack the f
 until the list stays empty, with a deadline.
 
 Every write goes through `_write_inside`, which refuses a path outside the leaf: this module can never
-touch the rest of the tree it was given, let alone the host's.
+touch the rest of the tree it was given, let alone the host's. The file operations themselves are
+probes/cgroupfs.CgroupFs, the seam the unit tests replace with a fake tree.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import contextlib
 import dataclasses
 import enum
 import errno
-import os
 import re
 import signal
 import time
@@ -38,6 +38,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from probes import cancel, owner
+from probes.cgroupfs import CgroupFs
+from probes.errnos import errname
 
 # The exit status the shim uses when it could not enter the leaf (what env(1) and timeout(1) use
 # for "the wrapper itself failed"): the task never ran.
@@ -45,7 +47,10 @@ ENTER_FAILED = 125
 
 # $1: the leaf's cgroup.procs; the rest: the task's argv. `exec` keeps the pid, so the pid written is
 # the task's own. Writing fails loudly: an unconfined task is worse than no task.
-_SHIM = 'echo "$$" > "$1" || { echo "sbxc: cannot enter cgroup $1" >&2; exit 125; }; shift; exec "$@"'
+_SHIM = (
+    f'echo "$$" > "$1" || {{ echo "sbxc: cannot enter cgroup $1" >&2; exit {ENTER_FAILED}; }}; '
+    'shift; exec "$@"'
+)
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -76,38 +81,6 @@ class Limits:
         if self.pids_max is not None:
             out["pids.max"] = str(self.pids_max)
         return out
-
-
-class CgroupFs:
-    """The file operations a leaf needs; tests substitute a fake cgroup in tmp_path. Opening for
-    writing never creates: in cgroupfs an interface file that is missing means the controller is not
-    enabled, and a plain open(..., "w") on a fake tree would hide exactly that."""
-
-    def mkdir(self, path: Path) -> None:
-        os.mkdir(path)
-
-    def rmdir(self, path: Path) -> None:
-        os.rmdir(path)
-
-    def write(self, path: Path, text: str) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
-
-    def read(self, path: Path) -> str:
-        return path.read_text()
-
-    def exists(self, path: Path) -> bool:
-        return path.exists()
-
-    def kill(self, pid: int, sig: int) -> None:
-        os.kill(pid, sig)
-
-
-def _errno_name(e: OSError) -> str:
-    return errno.errorcode.get(e.errno or 0, str(e.errno))
 
 
 def parse_keyed(text: str) -> dict[str, int]:
@@ -173,7 +146,7 @@ class Leaf:
         try:
             self.fs.write(target, text)
         except OSError as e:
-            raise CgroupError(f"write {text.strip()!r} to {target}: {_errno_name(e)}") from e
+            raise CgroupError(f"write {text.strip()!r} to {target}: {errname(e)}") from e
 
     def apply(self, limits: Limits) -> dict[str, str]:
         """Write the limits; returns what was written. A missing memory.max/pids.max means the
@@ -228,7 +201,7 @@ class Leaf:
                 return
             except OSError as e:
                 if e.errno != errno.EBUSY or time.monotonic() > deadline:
-                    raise CgroupError(f"rmdir {self.path}: {_errno_name(e)}") from e
+                    raise CgroupError(f"rmdir {self.path}: {errname(e)}") from e
             time.sleep(0.02)
 
 
@@ -250,7 +223,7 @@ def make_leaf(root: Path, name: str, limits: Limits, *, fs: CgroupFs | None = No
     except FileExistsError:
         raise CgroupError(f"{path} already exists: a leaf is per task, never reused") from None
     except OSError as e:
-        raise CgroupError(f"mkdir {path}: {_errno_name(e)}") from e
+        raise CgroupError(f"mkdir {path}: {errname(e)}") from e
     leaf = Leaf(root, path, fs)
     try:
         leaf.apply(limits)
@@ -295,14 +268,6 @@ def _sweep_once(root: Path) -> None:
 def unique_name(prefix: str = "task") -> str:
     """`<prefix>-<owner stamp>-<n>`: the stamp lets the next run sweep a leaf a SIGKILL left."""
     return f"{prefix}-{owner.stamp()}-{time.monotonic_ns() % 10**9}"
-
-
-def read_own_cgroup(proc_self_cgroup: str) -> str | None:
-    """The v2 path from /proc/self/cgroup's "0::" line, or None on a v1-only host."""
-    for line in proc_self_cgroup.splitlines():
-        if line.startswith("0::"):
-            return line[3:]
-    return None
 
 
 def summary(leaf: Leaf) -> Mapping[str, object]:

@@ -1,13 +1,13 @@
 """`sandbox-conformance witness`: run the witness suite on this host (no mode logic).
 
-stdout: one line per promise (`kept`, `BROKEN: what the task saw`, `not tested: why`), then a summary.
-pytest's own report goes to stderr. Exit 0 every witness passed (skips only as gated), 1 a witness
-went red or a harness error, 2 bad input, 75 nothing could run (no bwrap and no --launcher)."""
+stdout: the promise table (`kept`, `BROKEN: what the task saw`, `not tested: why`; conformance/render.py),
+then a summary. pytest's own report goes to a log, or to stderr under -v (conformance/output.py).
+Exit 0 every witness passed (skips only as gated), 1 a witness went red or a harness error, 2 bad
+input, 75 nothing could run (no bwrap and no --launcher)."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
@@ -16,10 +16,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from conformance import bwrap_argv
-from conformance import profile as profile_mod
-from conformance.launch import external
-from probes import cancel
+from conformance import output
+from conformance import settings as settings_mod
+from conformance.launch import LauncherKind
+from conformance.profile import PLACEHOLDERS
+from conformance.settings import Settings
+from probes import cancel, owner
 from probes.host import Host
 from runners.errors import (
     EXIT_FAIL,
@@ -42,9 +44,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--launcher",
         metavar="PREFIX",
-        help="test YOUR sandbox: run `PREFIX python3 -I -S -` ({task_id} {user} {control} {user_tmp} "
-        "{workdir} expanded; task spec JSON named by $SANDBOX_CONFORMANCE_TASK_SPEC), or "
+        help="test YOUR sandbox: run `PREFIX python3 -I -S -` ("
+        + " ".join("{" + p + "}" for p in PLACEHOLDERS)
+        + " expanded; task spec JSON named by $SANDBOX_CONFORMANCE_TASK_SPEC), or "
         "entry-point:NAME from group sandbox_conformance.launchers; default: the reference bwrap",
+    )
+    p.add_argument(
+        "--launcher-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set NAME in the launcher's environment, which is otherwise minimal (PATH, LANG, the task "
+        "spec's path); repeatable",
+    )
+    p.add_argument(
+        "--layout-root",
+        metavar="DIR",
+        help="make each task's layout (its state tree and task spec) under DIR instead of $TMPDIR or "
+        "/tmp: for a sandbox that gives its tasks a private /tmp",
     )
     p.add_argument(
         "--adapter",
@@ -58,6 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--json", metavar="FILE", help="write the JSON report here ('-' for stdout instead of lines)"
     )
+    output.add_arguments(p)
     p.add_argument(
         "--require", action="store_true", help="every skip is a failure (also SANDBOX_CONFORMANCE_REQUIRE=1)"
     )
@@ -175,9 +193,11 @@ def promise_lines(results: list[_Result]) -> list[tuple[str, str, str]]:
     return out
 
 
-def _validate(args: argparse.Namespace) -> tuple[profile_mod.Profile, Any]:
+def _validate(args: argparse.Namespace) -> Settings:
+    """Every option checked before any work starts; the one Settings the plugin then uses."""
+    profile, launcher = args.profile, args.launcher
     if getattr(args, "adapter", None):
-        if args.profile or args.launcher:
+        if profile or launcher:
             raise UsageError("--adapter sets --profile and --launcher: give either --adapter or those")
         from conformance import adapters
 
@@ -187,39 +207,29 @@ def _validate(args: argparse.Namespace) -> tuple[profile_mod.Profile, Any]:
             raise UsageError(f"--adapter: {e.args[0]}") from None
         except adapters.Unavailable as e:
             raise Refusal(f"adapter {args.adapter}: not tested: {e}") from None
-        args.profile, args.launcher = str(resolved.profile), resolved.launcher
-    try:
-        prof = profile_mod.load(args.profile)
-    except profile_mod.ProfileError as e:
-        raise UsageError(str(e)) from None
-    if not prof.promises():
-        raise UsageError(f"{prof.source}: (profile): expected at least one promise the suite can witness")
-    try:
-        # `--launcher ''` is a mistake, not a request for the built-in sandbox.
-        launcher = external(args.launcher) if args.launcher is not None else None
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+        profile, launcher = str(resolved.profile), resolved.launcher
     for flag, value in (("--junitxml", args.junitxml), ("--json", args.json)):
         if value is not None and value != "-":
             check_writable(flag, value)
-    why = getattr(args, "host_cannot_observe", None)
-    if why is not None and not why.strip():
-        raise UsageError("--host-cannot-observe: say why the host cannot see the task")
     check_as_user(args.as_user)
-    perturb = set(args.perturb) | {p for p in os.environ.get(PERTURB_ENV, "").split(",") if p}
-    unknown = perturb - set(bwrap_argv.PERTURBATIONS)
-    if unknown:
-        raise UsageError(
-            f"--perturb: unknown {', '.join(sorted(unknown))}; known: {', '.join(bwrap_argv.PERTURBATIONS)}"
-        )
-    if perturb and args.launcher:
-        raise UsageError("--perturb applies to the reference launcher only, not with --launcher")
-    args.perturb = sorted(perturb)
     if args.expected_skips and not Path(args.expected_skips).is_file():
         raise UsageError(f"--expected-skips: {args.expected_skips}: no such file")
-    if args.timeout <= 0:
-        raise UsageError("--timeout: expected a positive number of seconds")
-    return prof, launcher
+    try:
+        return settings_mod.build(
+            profile=profile,
+            launcher=launcher,
+            as_user=args.as_user,
+            timeout=args.timeout,
+            perturb=[*args.perturb, *(p for p in os.environ.get(PERTURB_ENV, "").split(",") if p)],
+            require=args.require,
+            expected_skips=args.expected_skips,
+            host_cannot_observe=getattr(args, "host_cannot_observe", None),
+            harness_leaf=getattr(args, "harness_leaf", False),
+            launcher_env=getattr(args, "launcher_env", None) or (),
+            layout_root=getattr(args, "layout_root", None),
+        )
+    except settings_mod.SettingsError as e:
+        raise UsageError(str(e)) from None
 
 
 def _count(outcomes: Any) -> dict[str, int]:
@@ -234,17 +244,41 @@ def _plugin_registered() -> bool:
 
 
 def main(args: argparse.Namespace) -> int:
-    prof, launcher = _validate(args)
+    out = output.WitnessOutput.from_args(args)  # its usage errors before any work (conformance/output.py)
+    try:
+        code = _main(args, out)
+    except Refusal as e:
+        out.refused(e.reason, e.ways_on)
+        raise
+    except cancel.Cancelled:
+        out.finish(None)  # a cancelled run: its log goes with it
+        raise
+    except BaseException:
+        out.finish(EXIT_FAIL)  # a crash: keep pytest's report, and name it
+        raise
+    out.finish(code)
+    return code
+
+
+def _main(args: argparse.Namespace, out: output.WitnessOutput) -> int:
+    settings = _validate(args)
+    prof = settings.profile
+    launcher = settings.launcher if settings.launcher.kind is not LauncherKind.reference else None
     if launcher is None and Host().which("bwrap") is None:
         raise Refusal(
             "no bwrap on PATH and no --launcher: there is no sandbox to launch tasks in",
             ways_on=["apt-get install bubblewrap", "or test your own sandbox: --launcher 'PREFIX'"],
         )
-    if launcher is None:
+    # What a SIGKILLed run left (probes/owner.py), said here on our stderr: once pytest starts, its
+    # output (and the layout's own sweep with it) goes to the log.
+    owner.sweep_once()
+    if launcher is None and settings.guard is None:
         from conformance.harness import prefetch
 
         prefetch(args.as_user)
     import pytest
+
+    from conformance import plugin
 
     extra = list(args.pytest_args or [])
     if extra[:1] == ["--"]:
@@ -269,37 +303,23 @@ def main(args: argparse.Namespace) -> int:
     ]
     if not _plugin_registered():
         argv += ["-p", "conformance.plugin"]
-    if args.profile:
-        argv += ["--sbxc-profile", str(Path(args.profile).resolve())]
-    if args.launcher:
-        argv += ["--sbxc-launcher", args.launcher]
-    if getattr(args, "harness_leaf", False):
-        argv += ["--sbxc-harness-leaf"]
-    if getattr(args, "host_cannot_observe", None):
-        argv += ["--sbxc-host-cannot-observe", args.host_cannot_observe]
-    if args.as_user:
-        argv += ["--sbxc-as-user", args.as_user]
-    if args.require:
-        argv += ["--sbxc-require"]
-    if args.expected_skips:
-        argv += ["--sbxc-expected-skips", str(Path(args.expected_skips).resolve())]
     if args.junitxml:
         argv += ["--junitxml", str(Path(args.junitxml).resolve())]
-    for p in args.perturb:
-        argv += ["--sbxc-perturb", p]
     argv += extra
 
     collector = _Collector()
-    # pytest's report goes to stderr: stdout is the promise lines, which runners parse.
-    with contextlib.redirect_stdout(sys.stderr):
-        rc = int(pytest.main(argv, plugins=[collector]))
+    # The settings were built and checked above: the plugin takes them as they are (plugin.Preset)
+    # instead of parsing `--sbxc-*` options a second time.
+    preset = plugin.Preset(settings)
+    # pytest's report goes to the log, or to stderr under -v: stdout is the promise table.
+    with out.pytest_report():
+        rc = int(pytest.main(argv, plugins=[collector, preset]))
     # pytest turns a SIGTERM/SIGINT/SIGHUP (a KeyboardInterrupt) into an interrupted session with its
     # fixtures torn down: the run ends cancelled, not as a red suite (probes/cancel.py).
     cancel.check()
     results = list(collector.results.values())
     lines = promise_lines(results)
     config = collector.config
-    from conformance import plugin
 
     skip_problem = plugin.expected_skip_problems(config) if config is not None else None
     harness = [r.detail for r in results if r.outcome == "error"]
@@ -315,29 +335,28 @@ def main(args: argparse.Namespace) -> int:
         code = EXIT_USAGE
     else:
         code = EXIT_FAIL
+    perturbed = sorted(settings.perturbations)
     kept = sum(1 for _, v, _ in lines if v == "kept")
     broken = sum(1 for _, v, _ in lines if v == "BROKEN")
     untested = sum(1 for _, v, _ in lines if v == "not tested")
     launcher_name = launcher.name if launcher else "reference launcher (bwrap)"
-    summary = (
+    # The summary line, `witness: N kept, N BROKEN, N not tested (...): PASS|FAIL [...]`, is parsed
+    # (runners/mr_tiers.py, tests): its shape stays; only the verdict word is coloured on a terminal.
+    head = (
         f"witness: {kept} kept, {broken} BROKEN, {untested} not tested "
         f"(profile {prof.name}, {launcher_name}{', as ' + args.as_user if args.as_user else ''}"
-        f"{', perturbed ' + ','.join(args.perturb) if args.perturb else ''}): "
-        f"{'PASS' if code == EXIT_OK else 'FAIL'}"
-        # Promises are families of witnesses (pytest counts the witnesses): say both, so "3 not
-        # tested" beside pytest's "5 skipped" needs no explaining.
-        f" [{len(results)} witnesses: "
+        f"{', perturbed ' + ','.join(perturbed) if perturbed else ''})"
+    )
+    # Promises are families of witnesses (pytest counts the witnesses): say both, so "3 not
+    # tested" beside pytest's "5 skipped" needs no explaining.
+    tail = (
+        f"[{len(results)} witnesses: "
         + ", ".join(f"{n} {o}" for o, n in sorted(_count(r.outcome for r in results).items()))
         + "]"
     )
-    if args.json != "-":
-        for label, verdict, detail in lines:
-            print(f"{label}: {verdict}{': ' + detail if detail else ''}")
-        if skip_problem:
-            print(f"expected skips: {skip_problem}")
-        if harness:
-            print(harness[0])  # "harness error: <launcher>: what went wrong"
-        print(summary)
+    problems = [f"expected skips: {skip_problem}"] if skip_problem else []
+    problems += harness[:1]  # "harness error: <launcher>: what went wrong"
+    out.report(lines, problems=problems, head=head, word="PASS" if code == EXIT_OK else "FAIL", tail=tail)
     if args.json:
         tasks = plugin.tasks(config) if config is not None else []
         doc = {
@@ -347,7 +366,7 @@ def main(args: argparse.Namespace) -> int:
             "profile_source": prof.source,
             "launcher": launcher_name,
             "as_user": args.as_user,
-            "perturbations": args.perturb,
+            "perturbations": perturbed,
             "summary": {"kept": kept, "broken": broken, "not_tested": untested, "pytest_exit": rc},
             "promises": [
                 {

@@ -90,6 +90,7 @@ STATE_READABLE = _w("test_a_read_only_path_is_readable[{state}]")
 USR_EROFS = _w("test_a_read_only_path_refuses_writes_with_erofs[/usr]")
 STATE_EROFS = _w("test_a_read_only_path_refuses_writes_with_erofs[{state}]")
 WORKDIR_WRITABLE = _w("test_a_writable_path_accepts_a_file_the_host_sees[{workdir}]")
+WORKDIR_START = _w("test_the_task_starts_in_its_working_directory")
 NEIGHBOUR_ABSENT = _w("test_an_absent_path_does_not_exist_inside[{neighbour_control}]")
 OTHER_USER_ABSENT = _w("test_an_absent_path_does_not_exist_inside[{other_user}]")
 CONTROL_READABLE = _w("test_the_control_directorys_files_are_readable")
@@ -212,6 +213,21 @@ CONTROLS: tuple[Control, ...] = (
         "the task's workdir is remounted read-only",
         launcher_args=("--append=--remount-ro", "--append={workdir}"),
         reddens=(WORKDIR_WRITABLE,),
+    ),
+    Control(
+        "workdir_copy",
+        "the task starts in an empty tmpfs at its workdir's path, not in the host's workdir",
+        launcher_args=("--append=--tmpfs", "--append={workdir}"),
+        # The path inside is right; only the host's look through /proc/PID/cwd tells the directories
+        # apart. What the task writes there never reaches the host either.
+        reddens=(WORKDIR_START, WORKDIR_WRITABLE),
+        collateral=(
+            Collateral(
+                CGROUP_KILL,
+                "the tree's marker is written in the workdir, where the harness never sees it (with a "
+                "cgroup root only)",
+            ),
+        ),
     ),
     Control(
         "user_tmp_read_only",
@@ -364,6 +380,7 @@ CONTROLS: tuple[Control, ...] = (
             ALIASES,
             WRITE_SURFACE,
             KERNEL_VIEW,
+            WORKDIR_START,
         ),
         collateral=(
             Collateral(MASKED_CANARY, "the forger reads the host's files for every path it is asked about"),

@@ -23,15 +23,20 @@ import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conformance import controls as catalogue
 from conformance import controls_judge as judge_mod
+from conformance import render
 from conformance.controls import Control
 from conformance.controls_judge import Result, Status, Verdict
+from conformance.render import PLAIN, Style
 from probes import owner
 from probes.run import Completed, Runner, minimal_env, run
 from runners.errors import EXIT_FAIL, EXIT_OK, Refusal, UsageError, check_as_user
+
+if TYPE_CHECKING:
+    from runners.progress import Progress
 
 REQUIRE_ENV = "SANDBOX_CONFORMANCE_REQUIRE"
 
@@ -81,15 +86,23 @@ _run_ours: Runner = functools.partial(run, die_with=signal.SIGTERM)
 
 
 def witness_runner(
-    *, as_user: str | None, timeout: float, workdir: Path, runner: Runner = _run_ours
+    *,
+    as_user: str | None,
+    timeout: float,
+    workdir: Path,
+    runner: Runner = _run_ours,
+    progress: Progress | None = None,
 ) -> WitnessRunner:
     """Runs `sandbox-conformance witness EXTRA... --junitxml F` in its own process (pytest keeps
-    state per process, and a crashing control must not take the others down)."""
+    state per process, and a crashing control must not take the others down). `progress`: each run's
+    start and end, on a terminal (runners/progress.py)."""
     counter = iter(range(1_000_000))
 
     def go(extra: Sequence[str]) -> Run:
         junit = workdir / f"run-{next(counter)}.xml"
-        argv = [sys.executable, "-m", "runners.cli", "witness", "--junitxml", str(junit)]
+        # --verbose: pytest's report stays in the captured stderr (read when a run goes wrong), and
+        # these runs, red by design, leave no log in the state directory (conformance/output.py).
+        argv = [sys.executable, "-m", "runners.cli", "witness", "--verbose", "--junitxml", str(junit)]
         argv += ["--timeout", str(min(LAUNCH_TIMEOUT, timeout))]
         if as_user:
             argv += ["--as-user", as_user]
@@ -99,7 +112,12 @@ def witness_runner(
         # kept: every run must give its tasks the same leaves (the container and VM modes prove a
         # root and promise it through this variable only).
         promised = {k: os.environ[k] for k in (CGROUP_ROOT_ENV,) if k in os.environ}
-        done: Completed = runner(argv, timeout=timeout, env=minimal_env(promised), cwd=str(workdir))
+        if progress is None:
+            return _read(runner(argv, timeout=timeout, env=minimal_env(promised), cwd=str(workdir)), junit)
+        what = " ".join(extra) or "(baseline)"
+        with progress.stage(f"witness run {what if len(what) <= 60 else what[:57] + '...'}") as st:
+            done: Completed = runner(argv, timeout=timeout, env=minimal_env(promised), cwd=str(workdir))
+            st.result = "timed out" if done.timed_out else f"exit {done.returncode}"
         return _read(done, junit)
 
     return go
@@ -157,7 +175,7 @@ def plan(
             skipped.append(judge_mod.not_applicable(c, why))
             continue
         prefix = catalogue.launcher_prefix(c, disable_userns=disable_userns)
-        extra = ("--perturb", c.perturb) if c.perturb else ("--launcher", prefix or "")
+        extra: tuple[str, ...] = ("--perturb", c.perturb) if c.perturb else ("--launcher", prefix or "")
         if c.launcher_args is not None:
             # The reference sandbox with one thing changed: its tasks get the harness's leaf too.
             extra += ("--harness-leaf",)
@@ -328,16 +346,18 @@ def execute(
 # ---- output ---------------------------------------------------------------------------------------------
 
 
-def _verdict_lines(label: str, v: Verdict, must: int) -> list[str]:
+def _verdict_lines(label: str, v: Verdict, must: int, style: Style = PLAIN) -> list[str]:
     if v.status is Status.not_applicable:
-        return [f"{label}: not applicable here: {v.reason}"]
+        return [f"{label}: {style.paint('not applicable here', 'yellow')}: {v.reason}"]
     if v.status is Status.ok:
         extra = f"; declared collateral seen: {', '.join(v.collateral_seen)}" if v.collateral_seen else ""
-        return [f"{label}: OK: {len(v.reddened)}/{must} named witness(es) red by an assertion{extra}"]
-    return [f"{label}: FAILED", *(f"  - {p}" for p in v.problems)]
+        return [f"{label}: {style.paint('OK', 'green')}: {len(v.reddened)}/{must} named witness(es) red by "
+                f"an assertion{extra}"]
+    return [f"{label}: {style.paint('FAILED', 'bold', 'red')}", *(f"  - {p}" for p in v.problems)]
 
 
-def human(report: Report, controls: Mapping[str, Control]) -> list[str]:
+def human(report: Report, controls: Mapping[str, Control], style: Style = PLAIN) -> list[str]:
+    """The lines a person reads; `style` colours the verdict words (a terminal only: main)."""
     lines: list[str] = []
     counts: dict[str, int] = {}
     for r in report.baseline.values():
@@ -349,31 +369,31 @@ def human(report: Report, controls: Mapping[str, Control]) -> list[str]:
     if report.baseline_problem:
         lines += [f"  - {p}" for p in report.baseline_problem.lines]
     for v in report.verdicts:
-        lines += _verdict_lines(f"control {v.control}", v, len(controls[v.control].reddens))
+        lines += _verdict_lines(f"control {v.control}", v, len(controls[v.control].reddens), style)
     if report.unsandboxed is not None and report.unsandboxed_planned is not None:
         c = report.unsandboxed_planned.control
-        lines += _verdict_lines(f"{c.name} ({c.what})", report.unsandboxed, len(c.reddens))
+        lines += _verdict_lines(f"{c.name} ({c.what})", report.unsandboxed, len(c.reddens), style)
     lines.append("")
     lines.append(
         f"coverage ({len(report.coverage)} witnesses{', partial: --only' if report.partial else ''}):"
     )
-    width = max((len(c.test) for c in report.coverage), default=0)
-    for c in report.coverage:
-        detail = ", ".join(c.controls) if c.controls else c.detail
-        lines.append(f"  {c.status:<10} {c.test:<{width}}  {detail}")
+    width = max((len(cov.test) for cov in report.coverage), default=0)
+    for cov in report.coverage:
+        detail = ", ".join(cov.controls) if cov.controls else cov.detail
+        lines.append(f"  {cov.status:<10} {cov.test:<{width}}  {detail}")
     ok = sum(1 for v in report.verdicts if v.status is Status.ok)
     failed = [v.control for v in report.verdicts if v.status is Status.failed]
     na = sum(1 for v in report.verdicts if v.status is Status.not_applicable)
     if report.unsandboxed is not None and not report.unsandboxed.ok:
         failed.append(catalogue.UNSANDBOXED)
     by_status: dict[str, int] = {}
-    for c in report.coverage:
-        by_status[c.status] = by_status.get(c.status, 0) + 1
+    for cov in report.coverage:
+        by_status[cov.status] = by_status.get(cov.status, 0) + 1
     lines.append(
         f"controls: {ok} OK, {len(failed)} FAILED{' (' + ', '.join(failed) + ')' if failed else ''}, "
         f"{na} not applicable; coverage: "
         + ", ".join(f"{n} {s}" for s, n in sorted(by_status.items()))
-        + f": {'PASS' if report.exit_code == EXIT_OK else 'FAIL'}"
+        + f": {style.verdict('PASS' if report.exit_code == EXIT_OK else 'FAIL')}"
     )
     return lines
 
@@ -450,7 +470,14 @@ def main(args: argparse.Namespace) -> int:
     disable_userns = _disable_userns(args.as_user)
     owner.sweep_once()  # what a SIGKILLed run left (probes/owner.py)
     with tempfile.TemporaryDirectory(prefix=f"sbxc-controls-{owner.stamp()}-") as tmp:
-        witness = witness_runner(as_user=args.as_user, timeout=args.timeout, workdir=Path(tmp))
+        from runners.progress import Progress
+
+        witness = witness_runner(
+            as_user=args.as_user,
+            timeout=args.timeout,
+            workdir=Path(tmp),
+            progress=Progress("sandbox-conformance controls"),
+        )
         report = execute(
             witness,
             chosen,
@@ -465,7 +492,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(to_json(report, controls), indent=2))
     else:
-        for line in human(report, controls):
+        for line in human(report, controls, Style(render.use_colour(sys.stdout, os.environ))):
             print(line)
     return required(report)
 

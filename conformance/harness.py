@@ -33,16 +33,17 @@ from conformance.launch import (
     SPEC_ENV,
     HarnessError,
     Launcher,
+    LauncherKind,
     as_user_prefix,
     launch,
 )
 from conformance.profile import Profile, expand
-from probes.cgroup import own_cgroup
+from conformance.settings import GUARD_PROBES
+from probes.cgroupfs import own_cgroup
 from probes.finding import Finding, Verdict
 from probes.host import Host
 from probes.run import Completed, minimal_env, run
 
-GUARD_PROBES = ("disable_userns", "cgroup.delegation")
 # The neighbour leaf's limits when the profile sets none (a leaf with "max" everywhere would not show
 # a successful write of "max").
 NEIGHBOUR_MEMORY_MAX = 64 << 20
@@ -119,6 +120,8 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         bwrap: str | None = None,
         unobservable: str | None = None,
         harness_leaf: bool = False,
+        launcher_env: Mapping[str, str] | None = None,
+        layout_root: str | None = None,
     ) -> None:
         """`unobservable`: the launcher runs tasks where this host's kernel cannot see them (a remote
         engine, a VM-based sandbox), and why. No handshake is made; every promise about kernel state
@@ -129,6 +132,8 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         self._bwrap = bwrap
         self.unobservable = unobservable
         self.harness_leaf = harness_leaf
+        self.launcher_env = dict(launcher_env or {})
+        self.layout_root = layout_root
         self._stack = contextlib.ExitStack()
         self._tasks: dict[str, plan.Task | HarnessError] = {}
         self.layout: layout.Layout | None = None
@@ -138,7 +143,9 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
     def __enter__(self) -> WitnessSession:
         try:
             self.layout = layout.create(
-                control_files=self.profile.task.control_files or ("system_prompt.txt",), as_user=self.as_user
+                control_files=self.profile.task.control_files or ("system_prompt.txt",),
+                as_user=self.as_user,
+                temp_root=self.layout_root,
             )
             self._stack.callback(layout.remove, self.layout)
             self.host = self._open_host_side(self.layout.nonce)
@@ -189,7 +196,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         """Why the nested-userns witness cannot be claimed, or None. Only the reference launcher is
         guarded: it passes --disable-userns only where the probe saw it work. An external launcher
         made its own promise; if it cannot keep it, the witness goes red."""
-        if self.launcher.kind != "reference":
+        if self.launcher.kind is not LauncherKind.reference:
             return None
         f = self.guard.get("disable_userns")
         if f is None:
@@ -223,23 +230,55 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         )
 
     def spec(self) -> dict[str, Any]:
+        """What an external launcher reads (conformance/schemas/task-spec.schema.json): the layout's
+        placeholder values and the whole profile resolved against them, so a launcher can build its
+        sandbox from the spec alone and hard-code no path."""
         assert self.layout is not None
+        values, prof = self.layout.values(), self.profile
+        fs, t, ns, pr = prof.filesystem, prof.task, prof.namespaces, prof.process
+
+        def paths(templates: tuple[str, ...]) -> list[str]:
+            return [expand(x, values) for x in templates]
+
         return {
             "version": 1,
-            "profile": self.profile.name,
-            **self.layout.values(),
-            "environment_allow": list(self.profile.environment.allow or ()),
-            "environment_set": {
-                k: expand(v, self.layout.values()) for k, v in self.profile.environment.set.items()
+            "profile": prof.name,
+            **values,
+            "environment_allow": list(prof.environment.allow or ()),
+            "environment_set": {k: expand(v, values) for k, v in prof.environment.set.items()},
+            "network": str(prof.network),
+            "nested_userns": str(prof.nested_userns),
+            # The resolved profile. A key absent from the profile is empty here (or null): no promise.
+            "filesystem": {
+                "read_only": paths(fs.read_only),
+                "masked": paths(fs.masked),
+                "writable": paths(fs.writable),
+                "absent": paths(fs.absent),
+                "hidden": paths(fs.hidden),
+                "scratch": paths(fs.scratch),
+                "refuse": list(fs.refuse),
             },
-            "network": str(self.profile.network),
-            "nested_userns": str(self.profile.nested_userns),
+            "task": {
+                "control": expand(t.control, values) if t.control else None,
+                "control_files": list(t.control_files),
+                "user_tmp": expand(t.user_tmp, values) if t.user_tmp else None,
+                "workdir": expand(t.workdir, values) if t.workdir else None,
+            },
+            "network_allowed": list(prof.network_allowed),
+            "namespaces": {
+                "pid": str(ns.pid),
+                "ipc": str(ns.ipc),
+                "uts": str(ns.uts),
+                "hostname": ns.hostname,
+            },
+            "process": {"capabilities": str(pr.capabilities), "no_new_privs": pr.no_new_privs},
+            "limits": {"memory_max": prof.limits.memory_max, "pids_max": prof.limits.pids_max},
         }
 
     def argv(self) -> tuple[str, ...]:
         assert self.layout is not None
         values = self.layout.values()
-        if self.launcher.kind == "reference":
+        if self.launcher.kind is LauncherKind.reference:
             try:
                 inner = bwrap_argv.reference_argv(self.profile, values, self.facts(), self.perturbations)
             except bwrap_argv.BuildError as e:
@@ -264,7 +303,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
 
     @property
     def leaves_by_harness(self) -> bool:
-        return self.launcher.kind == "reference" or self.harness_leaf
+        return self.launcher.kind is LauncherKind.reference or self.harness_leaf
 
     def protected(self) -> list[observer.Protected]:
         """Host paths whose content must be reachable under no name inside the task."""
@@ -278,7 +317,8 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         lay, values = self.layout, self.layout.values()
         spec_file = layout.write_spec(lay, self.spec())
         argv = self.argv()
-        env = minimal_env({SPEC_ENV: str(spec_file), SECRET_ENV: self.host.secret_value})
+        # The launcher's own settings first: the spec and the planted secret are the harness's.
+        env = minimal_env({**self.launcher_env, SPEC_ENV: str(spec_file), SECRET_ENV: self.host.secret_value})
         cgroup: dict[str, Any] | None = None
         root, _ = self.cgroup_root()
         if not self.leaves_by_harness:

@@ -1,7 +1,11 @@
 # The witness program: runs INSIDE the task as `python3 -I -S -`, its source fed on stdin, so the
 # sandbox need not see any of our files. Stdlib only, imports nothing of ours, and no syntax newer
-# than Python 3.6 (the task's interpreter is the sandbox's, not ours): no annotations, no f-string
-# `=`, no walrus, no `from __future__` (the harness prepends the plan line above this file).
+# than Python 3.6 (the task's interpreter is the sandbox's, not ours): no f-string `=`, no walrus, no
+# `from __future__` (the harness prepends the plan line above this file, and a future import must
+# come first). Annotations are for mypy only. A def's annotations are evaluated when the def runs,
+# so any that is not a plain builtin (`str`, `int`) is a string: "dict[str, Any]" subscripts a
+# builtin, a TypeError before 3.9. A local variable's annotation is never evaluated (PEP 526), so it
+# needs no quotes. `typing` is imported only under TYPE_CHECKING, never in the task.
 #
 # It reads PLAN (a JSON string the harness prepends as the first line), makes every observation the
 # plan asks for, and prints ONE JSON document ending with "complete": true. One launch answers
@@ -29,23 +33,33 @@ SYS_CLONE = {"x86_64": 56, "aarch64": 220, "riscv64": 220, "s390x": 120, "ppc64l
 STATUS_KEYS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp", "Uid", "Gid")
 NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "user", "uts")
 
+TYPE_CHECKING = False  # mypy takes any name TYPE_CHECKING as true; the task never runs this block
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import Any, NoReturn, TypeVar, TypeVarTuple, Unpack
 
-def errname(e):
-    return errno.errorcode.get(e.errno, str(e.errno)) if getattr(e, "errno", None) else type(e).__name__
+    T = TypeVar("T")
+    Ts = TypeVarTuple("Ts")
+    PLAN: str  # the line the harness prepends (conformance/plan.py: program)
 
 
-def attempt(fn):
+# probes/errnos.errname, copied: this program runs as `python3 -I -S -` in the task, imports nothing of ours.
+def errname(e: OSError) -> str:
+    return errno.errorcode.get(e.errno, str(e.errno)) if e.errno else type(e).__name__
+
+
+def attempt(fn: "Callable[[], object]") -> "dict[str, object]":
     try:
         value = fn()
     except OSError as e:
         return {"ok": False, "errno": errname(e)}
-    out = {"ok": True, "errno": None}
+    out: dict[str, object] = {"ok": True, "errno": None}
     if value is not None:
         out["value"] = value
     return out
 
 
-def do_stat(path):
+def do_stat(path: str) -> "dict[str, object]":
     st = os.lstat(path)
     kind = (
         "dir"
@@ -55,16 +69,16 @@ def do_stat(path):
     return {"type": kind, "mode": oct(st.st_mode & 0o7777), "uid": st.st_uid}
 
 
-def do_list(path):
+def do_list(path: str) -> "list[str]":
     return sorted(os.listdir(path))[:200]
 
 
-def do_read(path):
+def do_read(path: str) -> str:
     with open(path, "rb") as f:
         return f.read(4096).decode("utf-8", "replace")
 
 
-def do_append(path, data):
+def do_append(path: str, data: str) -> None:
     # O_APPEND without O_CREAT: an append must not be able to create the file it is refused on.
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)
     try:
@@ -73,7 +87,7 @@ def do_append(path, data):
         os.close(fd)
 
 
-def do_create(path, data):
+def do_create(path: str, data: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         os.write(fd, data.encode())
@@ -81,7 +95,7 @@ def do_create(path, data):
         os.close(fd)
 
 
-def do_op(op):
+def do_op(op: "Mapping[str, Any]") -> "dict[str, object]":
     kind, path = op["op"], op["path"]
     if kind == "stat":
         return attempt(lambda: do_stat(path))
@@ -98,7 +112,7 @@ def do_op(op):
     return {"ok": False, "errno": None, "error": "unknown op " + kind}
 
 
-def unescape(field):
+def unescape(field: str) -> str:
     # mountinfo octal-escapes space, tab, newline and backslash (fs/proc_namespace.c: show_mountinfo).
     out, i = [], 0
     while i < len(field):
@@ -111,7 +125,7 @@ def unescape(field):
     return "".join(out)
 
 
-def mountinfo():
+def mountinfo() -> "list[dict[str, object]]":
     entries = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
@@ -132,7 +146,7 @@ def mountinfo():
     return entries[:1000]
 
 
-def status():
+def status() -> "dict[str, str]":
     out = {}
     with open("/proc/self/status") as f:
         for line in f:
@@ -142,12 +156,12 @@ def status():
     return out
 
 
-def read_text(path, limit=4096):
+def read_text(path: str, limit: int = 4096) -> str:
     with open(path, "rb") as f:
         return f.read(limit).decode("utf-8", "replace")
 
 
-def namespaces():
+def namespaces() -> "dict[str, str]":
     out = {}
     for ns in NAMESPACES:
         try:
@@ -157,17 +171,18 @@ def namespaces():
     return out
 
 
-def processes():
+def processes() -> "list[dict[str, object]]":
     procs = []
     for name in sorted(os.listdir("/proc"), key=lambda n: (len(n), n)):
         if not name.isdigit():
             continue
-        entry = {"pid": int(name)}
+        entry: dict[str, object] = {"pid": int(name)}
         try:
             entry["comm"] = read_text("/proc/" + name + "/comm").strip()
-            entry["cmdline"] = read_text("/proc/" + name + "/cmdline", 512).split("\0")
-            while entry["cmdline"] and entry["cmdline"][-1] == "":
-                entry["cmdline"].pop()
+            cmdline = read_text("/proc/" + name + "/cmdline", 512).split("\0")
+            while cmdline and cmdline[-1] == "":
+                cmdline.pop()
+            entry["cmdline"] = cmdline
             for line in read_text("/proc/" + name + "/status").splitlines():
                 if line.startswith("PPid:"):
                     entry["ppid"] = int(line.split()[1])
@@ -179,7 +194,7 @@ def processes():
     return procs
 
 
-def connect_tcp(target):
+def connect_tcp(target: "Sequence[Any]") -> "dict[str, object]":
     # Which step refused matters: a seccomp filter that refuses socket(2) itself (EPERM) leaves the
     # task no network at all, which is more than an empty network namespace.
     host, port = target
@@ -197,7 +212,7 @@ def connect_tcp(target):
     return {"ok": True, "errno": None, "stage": "connect"}
 
 
-def connect_abstract(name):
+def connect_abstract(name: str) -> None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(1.0)
     try:
@@ -212,18 +227,18 @@ PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PRO
 PROXY_TIMEOUT = 3.0
 
 
-def offered_proxies():
+def offered_proxies() -> "list[dict[str, Any]]":
     # Every proxy the task's environment names, once each: what any program in the task would use.
     from urllib.parse import unquote, urlsplit
 
-    found = {}
+    found: dict[tuple[object, ...], dict[str, Any]] = {}
     for var in PROXY_VARS:
         value = os.environ.get(var)
         if not value:
             continue
         u = urlsplit(value if "://" in value else "http://" + value)
         try:
-            port = u.port or (1080 if u.scheme.startswith("socks") else 80)
+            port: int | None = u.port or (1080 if u.scheme.startswith("socks") else 80)
         except ValueError:
             port = None
         key = (u.scheme, u.hostname, port, u.username, u.password)
@@ -241,7 +256,7 @@ def offered_proxies():
     return list(found.values())
 
 
-def _recv_head(s):
+def _recv_head(s: socket.socket) -> bytes:
     head = b""
     while b"\r\n\r\n" not in head and len(head) < 8192:
         chunk = s.recv(1024)
@@ -251,7 +266,7 @@ def _recv_head(s):
     return head
 
 
-def tunnel(proxy, target, nonce):
+def tunnel(proxy: "Mapping[str, Any]", target: "Mapping[str, Any]", nonce: str) -> "dict[str, object]":
     # CONNECT host:port through an HTTP proxy (RFC 9110 9.3.6); when the target is the suite's echo
     # listener, send the nonce through the tunnel and read what comes back.
     import base64
@@ -268,7 +283,7 @@ def tunnel(proxy, target, nonce):
         status = head.split(b"\r\n", 1)[0].decode("latin-1")
         parts = status.split()
         established = len(parts) >= 2 and parts[0].startswith("HTTP/") and parts[1].startswith("2")
-        out = {"status": status[:200], "established": established, "echoed": None}
+        out: dict[str, object] = {"status": status[:200], "established": established, "echoed": None}
         if established and target.get("echo"):
             # The echo listener answers once and closes: read until the nonce is back, or the end.
             s.sendall(nonce.encode())
@@ -284,9 +299,9 @@ def tunnel(proxy, target, nonce):
         s.close()
 
 
-def proxy_trials(spec):
+def proxy_trials(spec: "Mapping[str, Any]") -> "dict[str, list[dict[str, Any]]]":
     nonce = spec.get("nonce") or "sbxc"
-    out = {"offered": [], "direct": []}
+    out: dict[str, list[dict[str, Any]]] = {"offered": [], "direct": []}
     for p in offered_proxies():
         entry = dict((k, v) for k, v in p.items() if k not in ("user", "password"))
         entry["connect"] = connect_tcp((p["host"], p["port"])) if p["port"] else {"ok": False, "errno": None}
@@ -300,7 +315,7 @@ def proxy_trials(spec):
     return out
 
 
-def environment():
+def environment() -> "dict[str, str]":
     # /proc/self/environ is the environment the task was exec'd with; os.environ is not: CPython's
     # locale coercion (PEP 538) adds LC_CTYPE to it after start-up, which the sandbox did not pass.
     with open("/proc/self/environ", "rb") as f:
@@ -313,12 +328,12 @@ def environment():
     return out
 
 
-def kernel_view():
+def kernel_view() -> "dict[str, object]":
     # What the task can learn from syscalls rather than from /proc files the sandbox may have forged:
     # capget(2), prctl(PR_GET_NO_NEW_PRIVS), getpid(2), and statfs(2) of /proc (a real procfs says
     # PROC_SUPER_MAGIC; a bind of some other tree at /proc does not).
     libc = ctypes.CDLL(None, use_errno=True)
-    out = {"pid": os.getpid()}
+    out: dict[str, object] = {"pid": os.getpid()}
     header = ctypes.create_string_buffer(struct.pack("Ii", LINUX_CAPABILITY_VERSION_3, 0))
     data = ctypes.create_string_buffer(24)
     if libc.capget(header, data) == 0:
@@ -340,7 +355,7 @@ def kernel_view():
     return out
 
 
-def handshake(plan):
+def handshake(plan: "Mapping[str, Any]") -> "dict[str, object]":
     # The host-side observer (conformance/observer.py) finds this process by its comm, reads its
     # kernel state from the host's /proc while it waits here, then releases it with SIGUSR1. SIGUSR1
     # is blocked first, so a release that comes early waits as pending (sigtimedwait(2)).
@@ -355,11 +370,11 @@ def handshake(plan):
     return {"released": got is not None, "waited": round(time.monotonic() - start, 3)}
 
 
-def _errno():
+def _errno() -> str:
     return errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
 
 
-def _forked(libc, number, *args):
+def _forked(libc: ctypes.CDLL, number: int, *args: object) -> "dict[str, object]":
     # clone(2)/clone3(2) without CLONE_VM and with no new stack behave like fork(2): the child returns
     # 0 on a copy of our stack. It must leave at once, touching nothing (os._exit skips every
     # handler); the parent reaps it.
@@ -373,7 +388,7 @@ def _forked(libc, number, *args):
     return {"ok": True, "errno": None}
 
 
-def door_clone(libc):
+def door_clone(libc: ctypes.CDLL) -> "dict[str, object]":
     number = SYS_CLONE.get(os.uname().machine)
     if number is None:
         return {"ok": False, "errno": None, "error": "no clone(2) number known for " + os.uname().machine}
@@ -388,14 +403,14 @@ def door_clone(libc):
     )
 
 
-def door_clone3(libc):
+def door_clone3(libc: ctypes.CDLL) -> "dict[str, object]":
     # struct clone_args (linux/sched.h, CLONE_ARGS_SIZE_VER0 = 64): flags, pidfd, child_tid,
     # parent_tid, exit_signal, stack, stack_size, tls.
     args = ctypes.create_string_buffer(struct.pack("8Q", CLONE_NEWUSER, 0, 0, 0, SIGCHLD, 0, 0, 0))
     return _forked(libc, SYS_CLONE3, args, ctypes.c_ulong(64))
 
 
-def door_unshare(libc):
+def door_unshare(libc: ctypes.CDLL) -> "dict[str, object]":
     # Last of all: on success it moves this process into a new user namespace. unshare(2) fails with
     # EINVAL in a multithreaded process; this program starts no threads.
     if libc.unshare(CLONE_NEWUSER) != 0:
@@ -403,11 +418,11 @@ def door_unshare(libc):
     return {"ok": True, "errno": None}
 
 
-def nested_userns():
+def nested_userns() -> "dict[str, object]":
     # Every door to a new user namespace, each on its own: a seccomp filter that refuses unshare(2)
     # alone leaves clone(2) and clone3(2) open.
     libc = ctypes.CDLL(None, use_errno=True)
-    doors = {}
+    doors: dict[str, object] = {}
     for name, door in (("clone", door_clone), ("clone3", door_clone3), ("unshare", door_unshare)):
         doors[name] = observe(door, libc)
     return doors
@@ -416,7 +431,7 @@ def nested_userns():
 # ---- cgroup trials (plan["cgroup"], present only when the harness gave the task a leaf) ----------
 
 
-def memory_trial(size):
+def memory_trial(size: int) -> "dict[str, int | None]":
     # A forked child allocates `size` bytes in 16 MiB steps; bytes * n fills every page (a bytearray
     # would be calloc'd pages never touched, never charged). Past memory.max the memcg OOM killer
     # SIGKILLs the biggest task in the leaf: this child (mm/oom_kill.c, oom_badness: rss + page
@@ -442,7 +457,7 @@ def memory_trial(size):
     }
 
 
-def pids_trial(tries):
+def pids_trial(tries: int) -> "dict[str, object]":
     # Fork until refused (at most `tries` times): each child blocks on a pipe so it holds its pid
     # until we are done counting, then every child is released and reaped. pids.max refuses fork(2)
     # with EAGAIN (kernel/cgroup/pids.c, pids_can_fork).
@@ -470,7 +485,7 @@ def pids_trial(tries):
     return {"tries": tries, "forked": len(children), "refused": refused}
 
 
-def write_existing(path, data):
+def write_existing(path: str, data: str) -> None:
     # O_WRONLY without O_CREAT: a cgroup interface file is never created by a write.
     fd = os.open(path, os.O_WRONLY)
     try:
@@ -479,7 +494,7 @@ def write_existing(path, data):
         os.close(fd)
 
 
-def _sleeper(hold):
+def _sleeper(hold: float) -> "NoReturn":
     # A member of the tree: holds nothing of ours (stdout would keep the harness's pipe open) and
     # sleeps until the harness's cgroup.kill, or `hold` seconds.
     try:
@@ -491,7 +506,7 @@ def _sleeper(hold):
         os._exit(0)
 
 
-def spawn_tree(hold):
+def spawn_tree(hold: float) -> "list[dict[str, object]]":
     # A child, and a child that left our session (setsid) with a grandchild: a kill of our process
     # group or session would miss the last two; cgroup.kill must not.
     r, w = os.pipe()
@@ -525,14 +540,14 @@ def spawn_tree(hold):
     ]
 
 
-def open_marker(path):
+def open_marker(path: str) -> int:
     # Opened (created) now, written only after the document is out: creating a file after a
     # successful nested unshare(CLONE_NEWUSER) would fail (EOVERFLOW: our uid is unmapped there),
     # writing to an open descriptor does not.
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
 
 
-def cgroup_trials(cg, doc):
+def cgroup_trials(cg: "Mapping[str, Any]", doc: "dict[str, object]") -> "int | None":
     doc["cgroup_self"] = observe(read_text, "/proc/self/cgroup")
     if cg.get("memory_alloc"):
         doc["memory_trial"] = observe(memory_trial, cg["memory_alloc"])
@@ -550,7 +565,7 @@ def cgroup_trials(cg, doc):
         return None
 
 
-def observe(fn, *args):
+def observe(fn: "Callable[[Unpack[Ts]], T]", *args: "Unpack[Ts]") -> "T | dict[str, str]":
     try:
         return fn(*args)
     except Exception as e:  # recorded, and the witness that needs it fails: never a silent pass
@@ -560,8 +575,8 @@ def observe(fn, *args):
         return out
 
 
-def main(plan):
-    doc = {
+def main(plan: "Mapping[str, Any]") -> None:
+    doc: dict[str, object] = {
         "version": VERSION,
         "task_id": plan.get("task_id"),
         "complete": False,
@@ -590,7 +605,7 @@ def main(plan):
     doc["kernel"] = observe(kernel_view)
     if plan.get("tag"):
         doc["handshake"] = observe(handshake, plan)
-    cg = plan.get("cgroup")
+    cg: Mapping[str, Any] = plan.get("cgroup") or {}
     marker = cgroup_trials(cg, doc) if cg else None
     if plan.get("nested_userns", True):
         doc["nested_userns"] = observe(nested_userns)

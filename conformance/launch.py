@@ -13,6 +13,7 @@ partial document, a non-zero exit or a timeout is a HarnessError naming the laun
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import os
 import shlex
@@ -34,20 +35,26 @@ class HarnessError(Exception):
     """The suite could not get a complete observation from a task: nothing was witnessed."""
 
 
+class LauncherKind(enum.StrEnum):
+    reference = "reference"  # the embedded bwrap sandbox, built from the profile
+    external = "external"  # `--launcher 'PREFIX'`
+    entry_point = "entry-point"  # `--launcher 'entry-point:NAME'`
+
+
 @dataclasses.dataclass(frozen=True)
 class Launcher:
     """How to turn a task into an argv. `name` is what error messages call it."""
 
     name: str
-    kind: str  # "reference", "external", "entry-point"
+    kind: LauncherKind
     prefix: str = ""
     factory: Callable[[Mapping[str, Any]], Sequence[str]] | None = None
 
     def argv(self, spec: Mapping[str, Any], values: Mapping[str, str]) -> tuple[str, ...]:
-        if self.kind == "external":
+        if self.kind is LauncherKind.external:
             # Split first, then expand inside each word: a path with a space stays one word.
             return tuple(_expand_word(w, values) for w in shlex.split(self.prefix)) + WITNESS_ARGV
-        if self.kind == "entry-point" and self.factory is not None:
+        if self.kind is LauncherKind.entry_point and self.factory is not None:
             prefix = self.factory(dict(spec))
             if isinstance(prefix, str) or not all(isinstance(w, str) for w in prefix):
                 raise HarnessError(f"{self.name}: returned {prefix!r}, expected a list of argv words")
@@ -79,7 +86,7 @@ def external(prefix: str) -> Launcher:
         if not os.path.exists(where):
             raise ValueError(f"--launcher: {first}: no such file (looked in {os.getcwd()})")
         prefix = shlex.join([where, *words[1:]])
-    return Launcher(name=f"launcher {prefix!r}", kind="external", prefix=prefix)
+    return Launcher(name=f"launcher {prefix!r}", kind=LauncherKind.external, prefix=prefix)
 
 
 def entry_point(name: str) -> Launcher:
@@ -90,10 +97,11 @@ def entry_point(name: str) -> Launcher:
             f"--launcher {ENTRY_POINT_PREFIX}{name}: no such entry point in group "
             f"{ENTRY_POINT_GROUP} (known: {', '.join(known) or 'none'})"
         )
-    return Launcher(name=f"launcher entry point {name!r}", kind="entry-point", factory=found[0].load())
+    return Launcher(name=f"launcher entry point {name!r}", kind=LauncherKind.entry_point,
+                    factory=found[0].load())
 
 
-REFERENCE = Launcher(name="reference launcher (bwrap)", kind="reference")
+REFERENCE = Launcher(name="reference launcher (bwrap)", kind=LauncherKind.reference)
 
 
 def as_user_prefix(user: str | None) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
+import functools
 import json
 import os
 import signal
@@ -26,10 +26,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from probes import mountinfo
-from probes.cgroup import own_cgroup
+from probes.cgroupfs import own_cgroup
+from probes.errnos import errname
 
 NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "user", "uts")
 STATUS_KEYS = (
@@ -53,10 +54,6 @@ SURVIVOR_GRACE = 1.0
 
 def tag(launch_nonce: str) -> str:
     return ("sbxc" + launch_nonce)[:15]
-
-
-def errname(e: OSError) -> str:
-    return errno.errorcode.get(e.errno or 0, str(e.errno))
 
 
 def _read(path: Path) -> str:
@@ -118,6 +115,9 @@ class Seen:
     unreachable: frozenset[str] = frozenset()
     # The task's cgroup v2 directory as the host reads it: path, memory.max, pids.max.
     cgroup_files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # (st_dev, st_ino) of the directory the task is in: stat(2) follows /proc/PID/cwd into the task's
+    # own mount namespace (proc(5)), so this names the host directory whatever path the task sees.
+    cwd: tuple[int, int] | str = "error: not read"
 
     @property
     def nspid(self) -> list[int]:
@@ -136,14 +136,27 @@ class Seen:
             "exposures": list(self.exposures),
             "device_nodes": sorted(self.device_nodes),
             "unreachable": sorted(self.unreachable),
+            "cwd": list(self.cwd) if not isinstance(self.cwd, str) else self.cwd,
         }
 
 
-def _attempt(fn: Callable[[], Any]) -> Any:
+T = TypeVar("T")
+
+
+def _attempt(fn: Callable[[], T]) -> T | str:
+    """fn's result, or `error: ERRNO` when it raised an OSError (Seen's "cannot tell")."""
     try:
         return fn()
     except OSError as e:
         return f"error: {errname(e)}"
+
+
+def _listing(path: Path) -> list[str]:
+    return sorted(os.listdir(path))[:20]
+
+
+def _stripped(path: Path) -> str:
+    return path.read_text().strip()
 
 
 def _status(text: str) -> dict[str, str]:
@@ -172,7 +185,7 @@ def read(
     proc: Path = Path("/proc"),
 ) -> Seen:
     base = proc / str(pid)
-    spaces = {ns: _attempt(lambda ns=ns: os.readlink(base / "ns" / ns)) for ns in NAMESPACES}
+    spaces = {ns: _attempt(functools.partial(os.readlink, base / "ns" / ns)) for ns in NAMESPACES}
     mounts = _attempt(lambda: tuple(mountinfo.parse(_read(base / "mountinfo"))))
     root = base / "root"
     found: list[dict[str, Any]] = []
@@ -185,7 +198,7 @@ def read(
             for exp in mountinfo.exposures(mounts, where):
                 # Confirmed through the task's own root: the kernel resolves the alias in the task's
                 # mount namespace (proc(5), /proc/PID/root), and lists what is there.
-                listing = _attempt(lambda e=exp: sorted(os.listdir(root / e.path.lstrip("/")))[:20])
+                listing = _attempt(functools.partial(_listing, root / exp.path.lstrip("/")))
                 found.append(
                     {
                         "template": p.template,
@@ -204,13 +217,13 @@ def read(
     shut: set[str] = set()
     if not isinstance(mounts, str) and not isinstance(status, str):
         uid_map = _attempt(lambda: _read(base / "uid_map"))
-        creds = Creds.of(status, uid_map if isinstance(uid_map, str) else "")
-        held = held_devices(base)
+        creds = Creds.of(status, uid_map)  # "error: ERRNO" has no 3-field line: no mapped ranges
+        held = held_mounts(base, mounts)
         for m in mountinfo.on_top(mounts):
             writable = not m.read_only and m.storage and m.mount_point not in nodes
-            # A filesystem the task already holds a way into (its cwd, its root, an open descriptor)
+            # A mount the task already holds a way into (its cwd, its root, an open descriptor)
             # needs no path search: relative writes reach it whatever the directories above say.
-            if writable and m.dev not in held and unreachable(root, m.mount_point, creds):
+            if writable and m.mount_id not in held and unreachable(root, m.mount_point, creds):
                 shut.add(m.mount_point)
     cgroup = _attempt(lambda: _read(base / "cgroup"))
     return Seen(
@@ -225,7 +238,12 @@ def read(
         device_nodes=frozenset(nodes),
         unreachable=frozenset(shut),
         cgroup_files=cgroup_files(cgroup, host_mounts),
+        cwd=_attempt(lambda: _dev_ino(os.stat(base / "cwd"))),
     )
+
+
+def _dev_ino(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,17 +270,23 @@ class Creds:
         return any(start <= uid < start + count for start, count in self.mapped)
 
 
-def held_devices(base: Path) -> frozenset[str]:
-    """The filesystems ("major:minor") of the task's cwd, root and every open descriptor, by stat
-    through /proc/PID (the kernel follows the task's own references, proc(5))."""
+def held_mounts(base: Path, mounts: Sequence[mountinfo.Mount]) -> frozenset[int]:
+    """The mounts serving the task's cwd, root and every open descriptor. readlink(2) on /proc/PID/cwd
+    and fd/N gives the path as the task's own mount namespace names it (proc(5)). The MOUNT counts,
+    not the filesystem: a second mount of the same filesystem (a bind in a directory the task cannot
+    search) is no way in. A reference that does not resolve to a path is left out: the mount is then
+    judged reachable, never excused."""
     refs = [base / "cwd", base / "root"]
     with contextlib.suppress(OSError):
         refs += [base / "fd" / n for n in os.listdir(base / "fd")]
     out = set()
     for ref in refs:
         with contextlib.suppress(OSError):
-            st = os.stat(ref)
-            out.add(f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+            target = os.readlink(ref)
+            if target.startswith("/") and not target.endswith(" (deleted)"):
+                m = mountinfo.serving(mounts, target)
+                if m is not None:
+                    out.add(m.mount_id)
     return frozenset(out)
 
 
@@ -302,7 +326,7 @@ def cgroup_files(cgroup: str, host_mounts: Sequence[mountinfo.Mount]) -> dict[st
     d = Path(mount.mount_point) / path.lstrip("/")
     out = {"path": path}
     for name in ("memory.max", "pids.max"):
-        out[name] = _attempt(lambda n=name: (d / n).read_text().strip())
+        out[name] = _attempt(functools.partial(_stripped, d / name))
     return out
 
 
@@ -315,7 +339,7 @@ def become_subreaper() -> None:
     """Orphans of what we launch are reparented to us, not to init (PR_SET_CHILD_SUBREAPER,
     prctl(2)): a launcher that double-forks a daemon out of every session and group is still found,
     as a child of ours that started during the launch."""
-    import prctl  # python-prctl
+    import prctl  # type: ignore[import-untyped]  # python-prctl ships no stubs and no py.typed
 
     if not prctl.get_child_subreaper():
         prctl.set_child_subreaper(True)

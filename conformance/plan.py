@@ -12,6 +12,7 @@ import ipaddress
 import json
 import os
 import socket
+import stat
 import threading
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -95,6 +96,13 @@ def _host_files(path: str, owner: int | None = None) -> list[str]:
     except (FileNotFoundError, NotADirectoryError, PermissionError):
         return []
     return names[:MAX_HOST_ENTRIES]
+
+
+def _world_readable(path: str) -> bool:
+    try:
+        return bool(os.stat(path).st_mode & stat.S_IROTH)
+    except OSError:
+        return False
 
 
 # The allocation past memory.max: enough that no slack (kernel rounding to pages, the memcg charge
@@ -212,8 +220,12 @@ def build(
                 checks.append(f"{d}/{PLANT}{nonce}")
         else:
             files = [p] if os.path.exists(p) else []
-        for f in files[:1]:
+        # The read shows the host's content inside: only a file anyone may read (mode o+r), so the
+        # answer depends on the sandbox and never on who the task runs as (a 0600 root file such as
+        # /etc/.pwd.lock refuses an unprivileged task with EACCES whatever the sandbox does).
+        for f in [f for f in files if _world_readable(f)][:1]:
             ops("read", f, look)
+        for f in files[:1]:
             # Zero bytes: the refusal is at open(O_WRONLY|O_APPEND); a broken sandbox must not be able
             # to make us damage a real host file. A file the task's user does not own is tried too:
             # file modes may answer first there (EACCES), which the witness accepts for that file only.
@@ -453,7 +465,8 @@ class Task:
     def result(self, op: str, path: str) -> Mapping[str, Any]:
         for o in self.doc.get("ops", []):
             if o.get("op") == op and o.get("path") == path:
-                return o.get("result", {})
+                found: Mapping[str, Any] = o.get("result", {})
+                return found
         raise KeyError(f"the plan made no {op} of {path}")
 
     def observed(self, op: str, path: str) -> str:

@@ -9,6 +9,10 @@ Options (each mirrored by an ini key where it makes sense to pin it in a project
   --sbxc-timeout SECONDS   per launch                                                ini: sbxc_timeout
   --sbxc-require           every witness skip is a failure (also SANDBOX_CONFORMANCE_REQUIRE=1)
   --sbxc-expected-skips F  `test id | reason` lines: the run fails unless exactly these witnesses skip
+  --sbxc-launcher-env N=V  set N in the launcher's minimal environment (repeatable)
+  --sbxc-layout-root DIR   make each task's layout under DIR (default $TMPDIR or /tmp)
+  --sbxc-host-cannot-observe WHY  the launcher's tasks are out of this host's sight: kernel-state
+                           promises are `not tested: WHY`
 The options carry an `sbxc-` prefix because this plugin is loaded into EVERY pytest session of an
 environment it is installed in, and a bare `--profile` collides with other plugins (pytest-profiling).
 `sandbox-conformance witness` offers the bare names.
@@ -23,49 +27,34 @@ and any other suite in the session are left alone."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from conformance import bwrap_argv
 from conformance import profile as profile_mod
+from conformance import settings as settings_mod
 from conformance.harness import WitnessSession
-from conformance.launch import REFERENCE, HarnessError, Launcher, external
+from conformance.launch import HarnessError, Launcher, external
 from conformance.plan import Task
+from conformance.profile import PLACEHOLDERS
+from conformance.settings import REQUIRE_ENV, Settings, read_expected_skips, skip_key
 from probes.finding import Finding
 
-REQUIRE_ENV = "SANDBOX_CONFORMANCE_REQUIRE"
+if TYPE_CHECKING:
+    from pluggy import Result  # pluggy >= 1.1; only mypy reads it (annotations are not evaluated)
+
+__all__ = ["REQUIRE_ENV", "Settings", "read_expected_skips", "settings", "skip_key"]
 MARKER = "witness"
 
 _HELP = {
     "sbxc_profile": "sandbox profile TOML (default: the embedded reference profile)",
-    "sbxc_launcher": "external launcher prefix ({task_id} {user} {control} {user_tmp} {workdir} expanded), "
-    "or entry-point:NAME; default: the reference bwrap launcher",
+    "sbxc_launcher": "external launcher prefix ("
+    + " ".join("{" + p + "}" for p in PLACEHOLDERS)
+    + " expanded), or entry-point:NAME; default: the reference bwrap launcher",
     "sbxc_timeout": "seconds one task launch may take (default 30)",
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    profile: profile_mod.Profile
-    launcher: Launcher
-    as_user: str | None
-    timeout: float
-    perturbations: frozenset[str]
-    require: bool
-    expected_skips: dict[str, str] | None  # None: no expected-skips file given
-    host_cannot_observe: str | None = None  # why the host cannot see the launcher's tasks
-    harness_leaf: bool = False  # an external launcher's tasks get the harness's cgroup leaf too
-
-    @property
-    def leaves_by_harness(self) -> bool:
-        """The harness makes and enters each task's cgroup leaf: for its own sandbox only. Any other
-        launcher's limits are that sandbox's own promise (conformance/harness.py)."""
-        return self.launcher.kind == "reference" or self.harness_leaf
 
 
 _settings_key = pytest.StashKey[Settings]()
@@ -115,6 +104,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help=argparse.SUPPRESS,
     )
+    group.addoption(
+        "--sbxc-launcher-env",
+        dest="sbxc_launcher_env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set NAME in the launcher's (otherwise minimal) environment; repeatable",
+    )
+    group.addoption(
+        "--sbxc-layout-root",
+        dest="sbxc_layout_root",
+        default=None,
+        metavar="DIR",
+        help="make each task's layout under DIR (default: $TMPDIR or /tmp)",
+    )
     # For the negative controls (issue 6): flip ONE thing in the reference sandbox. Hidden.
     group.addoption(
         "--sbxc-perturb", dest="sbxc_perturb", action="append", default=[], help=argparse.SUPPRESS
@@ -138,7 +142,12 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.stash[_skipped_key] = {}
     config.stash[_tasks_key] = []
-    if _active(config):
+    if _settings_key in config.stash:  # handed over by the witness command (Preset)
+        if config.stash[_settings_key].guard is None:
+            from conformance.harness import prefetch
+
+            prefetch(config.stash[_settings_key].as_user)
+    elif _active(config):
         from conformance.harness import prefetch
 
         prefetch(config.getoption("sbxc_as_user"))
@@ -149,23 +158,16 @@ def _option(config: pytest.Config, name: str) -> Any:
     return value if value is not None else config.getini(name)
 
 
-def read_expected_skips(path: str | Path) -> dict[str, str]:
-    """`test id | reason` per line, '#' comments. Ids are compared by their part after the last
-    '::', so the same file works whatever pytest's rootdir makes of the module's path."""
-    out: dict[str, str] = {}
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        nodeid, bar, reason = line.partition("|")
-        if not bar or not nodeid.strip():
-            raise ValueError(f"{path}:{n}: expected `test id | reason`, got {line!r}")
-        out[skip_key(nodeid.strip())] = reason.strip()
-    return out
+class Preset:
+    """Registered by `sandbox-conformance witness` with the Settings it already built and validated
+    from its own options, so the plugin does not parse them a second time."""
 
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
 
-def skip_key(nodeid: str) -> str:
-    return nodeid.rsplit("::", 1)[-1]
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_configure(self, config: pytest.Config) -> None:
+        config.stash[_settings_key] = self.settings
 
 
 def settings(config: pytest.Config) -> Settings:
@@ -173,44 +175,32 @@ def settings(config: pytest.Config) -> Settings:
     if _settings_key in config.stash:
         return config.stash[_settings_key]
     try:
-        prof = profile_mod.load(_option(config, "sbxc_profile") or None)
-    except profile_mod.ProfileError as e:
-        raise pytest.UsageError(str(e)) from None
-    prefix = _option(config, "sbxc_launcher")
-    try:
-        launcher = external(prefix) if prefix else REFERENCE
-    except ValueError as e:
-        raise pytest.UsageError(str(e)) from None
-    perturb = frozenset(config.getoption("sbxc_perturb") or ())
-    unknown = perturb - set(bwrap_argv.PERTURBATIONS)
-    if unknown:
-        raise pytest.UsageError(
-            f"--sbxc-perturb: unknown {', '.join(sorted(unknown))}; "
-            f"known: {', '.join(bwrap_argv.PERTURBATIONS)}"
+        s = settings_mod.build(
+            profile=_option(config, "sbxc_profile"),
+            launcher=_option(config, "sbxc_launcher") or None,
+            as_user=config.getoption("sbxc_as_user"),
+            timeout=_option(config, "sbxc_timeout"),
+            perturb=config.getoption("sbxc_perturb") or (),
+            require=bool(config.getoption("sbxc_require")),
+            expected_skips=config.getoption("sbxc_expected_skips"),
+            host_cannot_observe=config.getoption("sbxc_host_cannot_observe"),
+            harness_leaf=bool(config.getoption("sbxc_harness_leaf")),
+            launcher_env=config.getoption("sbxc_launcher_env") or (),
+            layout_root=config.getoption("sbxc_layout_root"),
         )
-    expected_file = config.getoption("sbxc_expected_skips")
-    try:
-        expected = read_expected_skips(expected_file) if expected_file else None
-    except (OSError, ValueError) as e:
-        raise pytest.UsageError(f"--sbxc-expected-skips: {e}") from None
-    timeout = _option(config, "sbxc_timeout")
-    s = Settings(
-        profile=prof,
-        launcher=launcher,
-        as_user=config.getoption("sbxc_as_user"),
-        timeout=float(timeout) if timeout else 30.0,
-        perturbations=perturb,
-        require=bool(config.getoption("sbxc_require")) or os.environ.get(REQUIRE_ENV, "") not in ("", "0"),
-        expected_skips=expected,
-        host_cannot_observe=config.getoption("sbxc_host_cannot_observe"),
-        harness_leaf=bool(config.getoption("sbxc_harness_leaf")),
-    )
+    except settings_mod.SettingsError as e:
+        # The plugin's options carry the sbxc- prefix: name them as the user typed them.
+        msg = str(e)
+        raise pytest.UsageError("--sbxc-" + msg[2:] if msg.startswith("--") else msg) from None
     config.stash[_settings_key] = s
     return s
 
 
 def _active(config: pytest.Config) -> bool:
-    """A witness run: an sbxc option was given, or the witness module was named."""
+    """A witness run: settings were handed over, an sbxc option was given, or the witness module
+    was named."""
+    if _settings_key in config.stash:
+        return True
     if any(
         config.getoption(n, default=None)
         for n in ("sbxc_profile", "sbxc_launcher", "sbxc_as_user", "sbxc_expected_skips", "sbxc_perturb")
@@ -223,9 +213,13 @@ def _active(config: pytest.Config) -> bool:
 
 def guard(config: pytest.Config) -> dict[str, Finding]:
     if _guard_key not in config.stash:
-        from conformance.harness import findings
+        s = settings(config)
+        if s.guard is not None:
+            config.stash[_guard_key] = dict(s.guard)  # handed down by `run`: probed once per run
+        else:
+            from conformance.harness import findings
 
-        config.stash[_guard_key] = findings(settings(config).as_user)
+            config.stash[_guard_key] = findings(s.as_user)
     return config.stash[_guard_key]
 
 
@@ -283,7 +277,9 @@ def _note(item: pytest.Item, report: pytest.TestReport, name: str, value: str) -
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Result[pytest.TestReport], None]:
     outcome = yield
     report = outcome.get_result()
     family = _family(item)
@@ -370,6 +366,8 @@ def sbxc_session(pytestconfig: pytest.Config, sbxc_settings: Settings) -> Iterat
         guard=guard(pytestconfig),
         unobservable=s.host_cannot_observe,
         harness_leaf=s.harness_leaf,
+        launcher_env=s.launcher_env,
+        layout_root=s.layout_root,
     ) as session:
         yield session
 
@@ -385,7 +383,7 @@ def sbxc_task(pytestconfig: pytest.Config, sbxc_session: WitnessSession) -> Task
 
 
 def tasks(config: pytest.Config) -> list[Task]:
-    return list(config.stash.get(_tasks_key, []))
+    return list(config.stash.get(_tasks_key, ()))
 
 
 @pytest.fixture
@@ -415,6 +413,8 @@ def sbxc_launch(pytestconfig: pytest.Config) -> Iterator[Callable[..., Task]]:
             as_user=as_user if as_user is not None else s.as_user,
             timeout=timeout or s.timeout,
             perturbations=frozenset(perturbations),
+            launcher_env=s.launcher_env,
+            layout_root=s.layout_root,
         )
         opened.append(session)
         session.__enter__()

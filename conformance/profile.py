@@ -172,6 +172,8 @@ class Profile:
             "aliases": bool(fs.masked or fs.absent),
             "control": t.control is not None,
             "user_tmp": t.user_tmp is not None,
+            # The task starts in its working directory: that host directory, not a copy of it.
+            "workdir": t.workdir is not None,
             "network": self.network in (NetworkMode.none, NetworkMode.proxy),
             # What only a proxy promises: the allowlist holds in both directions.
             "network_proxy": self.network is NetworkMode.proxy,
@@ -316,7 +318,7 @@ class _Reader:
         if isinstance(value, int) and value > 0:
             return value
         if size and isinstance(value, str) and (m := _SIZE.match(value)) and int(m.group(1)) > 0:
-            return int(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " ")
+            return int(m.group(1)) << (10 * " KMGT".index(m.group(2) or " "))  # K = 2**10, M = 2**20, ...
         what = (
             'bytes as a positive integer or a string like "512M", or "max"'
             if size

@@ -9,6 +9,8 @@ pass; a broken promise is a plain assertion FAILURE naming what the task saw."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import pytest
 
@@ -16,11 +18,11 @@ from conformance.harness import WitnessSession
 from conformance.observer import Seen
 from conformance.plan import PLANT, WRITE, Task
 from conformance.plugin import Settings, settings
-from conformance.profile import Caps, NetworkMode, expand
+from conformance.profile import Caps, NetworkMode, Profile, expand
 from probes import mountinfo
 
 witness = pytest.mark.witness
-PATH_FAMILIES = {
+PATH_FAMILIES: dict[str, tuple[str, Callable[[Profile], tuple[str, ...]]]] = {
     "masked_path": ("masked", lambda p: p.filesystem.masked),
     "read_only_path": ("read_only", lambda p: p.filesystem.read_only),
     "writable_path": ("writable", lambda p: p.filesystem.writable),
@@ -152,7 +154,7 @@ def test_a_read_only_path_is_readable(sbxc_task: Task, read_only_path: str) -> N
         assert sbxc_task.value("list", path), f"{read_only_path} is empty inside but not on the host"
 
 
-def _refusal_ok(task: Task, op: dict, seen: str, accepted: tuple[str, ...]) -> bool:
+def _refusal_ok(task: Task, op: Mapping[str, Any], seen: str, accepted: tuple[str, ...]) -> bool:
     if seen in accepted:
         return True
     if op["op"] == "append" and not op.get("owned", True):
@@ -399,7 +401,7 @@ def test_the_task_sees_only_the_loopback_interface(sbxc_task: Task) -> None:
     assert interfaces == ["lo"], f"interfaces inside: {interfaces}"
 
 
-def _proxies(task: Task) -> list[dict]:
+def _proxies(task: Task) -> list[dict[str, Any]]:
     """The proxies the task's environment offered it, with what each one did (inside.proxy_trials)."""
     trials = task.get("proxies")
     if trials is None:
@@ -408,7 +410,7 @@ def _proxies(task: Task) -> list[dict]:
     return list(trials.get("offered", []))
 
 
-def _through(entry: dict, kinds: tuple[str, ...]) -> list[str]:
+def _through(entry: dict[str, Any], kinds: tuple[str, ...]) -> list[str]:
     """Targets of these kinds the proxy tunnelled to (and, for the echo listener, back from)."""
     out = []
     for t in entry.get("tunnels", []):
@@ -458,7 +460,7 @@ def test_the_task_cannot_reach_the_hosts_abstract_unix_socket(sbxc_task: Task) -
 # ---- network through a proxy: [network] mode = "proxy", allowed = [...] ------------------------------
 
 
-def _proxy_plan(task: Task) -> dict:
+def _proxy_plan(task: Task) -> dict[str, Any]:
     assert task.plan.proxy is not None
     return dict(task.plan.proxy)
 
@@ -501,7 +503,7 @@ def test_the_proxy_refuses_unlisted_names_loopback_and_the_hosts_addresses(sbxc_
 # ---- nested user namespaces --------------------------------------------------------------------------
 
 
-def _door(result: dict) -> str:
+def _door(result: dict[str, Any]) -> str:
     if result.get("ok"):
         return "CREATED"
     if "error" in result or not result.get("errno"):
@@ -597,7 +599,7 @@ def test_the_task_has_a_network_namespace_of_its_own(sbxc_task: Task) -> None:
 # ---- capabilities, no_new_privs: the host's /proc/PID/status ------------------------------------------
 
 
-def _host_status(task: Task) -> dict:
+def _host_status(task: Task) -> dict[str, str]:
     status = _seen(task).status
     assert not isinstance(status, str), f"cannot tell: the host's /proc/PID/status gave {status}"
     return dict(status)
@@ -606,7 +608,7 @@ def _host_status(task: Task) -> dict:
 @witness("capabilities")
 def test_the_task_has_no_capabilities(sbxc_task: Task, sbxc_settings: Settings) -> None:
     status = _host_status(sbxc_task)
-    names = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+    names: tuple[str, ...] = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
     if sbxc_settings.profile.process.capabilities is Caps.none_effective:
         # None it can use, none it can gain at execve; the bounding set is not promised.
         names = ("CapPrm", "CapEff", "CapAmb")
@@ -742,6 +744,24 @@ def test_the_tasks_proc_shows_the_kernels_state(sbxc_task: Task) -> None:
     assert not differ, f"the task's /proc does not show the kernel's state: {differ}"
 
 
+@witness("workdir")
+def test_the_task_starts_in_its_working_directory(sbxc_task: Task, sbxc_settings: Settings) -> None:
+    template = sbxc_settings.profile.task.workdir
+    assert template is not None
+    want = _p(sbxc_task, template)
+    inside = sbxc_task.get("cwd")
+    assert inside == want, f"the task started in {inside}, not in {template}"
+    seen = _seen(sbxc_task)
+    assert not isinstance(seen.cwd, str), f"the host could not read the task's working directory: {seen.cwd}"
+    st = os.stat(want)
+    # The same path inside can name another directory (an empty tmpfs, a copy): the host's kernel
+    # says which directory the task is really in.
+    assert tuple(seen.cwd) == (st.st_dev, st.st_ino), (
+        f"the task is in a directory named {want} that is not the host's {template} "
+        f"(host sees dev/inode {tuple(seen.cwd)}, the workdir is {(st.st_dev, st.st_ino)})"
+    )
+
+
 @witness("leftovers")
 def test_nothing_the_launch_started_outlives_the_task(sbxc_task: Task) -> None:
     left = [f"pid {p['pid']} ({p['comm']}): {', '.join(p['why'])}" for p in sbxc_task.survivors]
@@ -756,14 +776,14 @@ def test_nothing_the_launch_started_outlives_the_task(sbxc_task: Task) -> None:
 cgroup = pytest.mark.cgroup
 
 
-def _leaf(task: Task, session: WitnessSession) -> dict:
+def _leaf(task: Task, session: WitnessSession) -> dict[str, Any]:
     if task.cgroup is None:
         _, why = session.cgroup_root()
         pytest.skip(f"no cgroup leaf for the task: {why}")
     return dict(task.cgroup)
 
 
-def _own_cgroup(task: Task) -> dict:
+def _own_cgroup(task: Task) -> dict[str, Any]:
     """For a launcher that keeps its own cgroups: the task's cgroup as the host's kernel shows it (its
     /proc/PID/cgroup, and that directory's limits read through the host's cgroup2 mount). None of it
     comes from the task or from the harness: the promise is the sandbox's."""
@@ -784,18 +804,19 @@ def _limit_kept(task: Task, name: str, promised: int | None) -> None:
     )
 
 
-def _trial(task: Task, name: str) -> dict:
+def _trial(task: Task, name: str) -> dict[str, Any]:
     trial = task.get(name)
     assert isinstance(trial, dict), f"the task made no {name.replace('_', ' ')}"
     assert "error" not in trial, f"the {name.replace('_', ' ')} could not be made: {trial['error']}"
     return trial
 
 
-def _seen_by_host(task: Task, leaf: dict, pid: int) -> dict | None:
+def _seen_by_host(task: Task, leaf: dict[str, Any], pid: int) -> dict[str, Any] | None:
     """The host's view (harness.host_view) of the task's process `pid` (as the task numbers it), among
     the processes the leaf's cgroup.procs listed while the task ran."""
     pidns = (task.get("namespaces") or {}).get("pid")
-    for v in (leaf.get("kill") or {}).get("before", []):
+    before: list[dict[str, Any]] = (leaf.get("kill") or {}).get("before", [])
+    for v in before:
         if v["pidns"] == pidns and v["nspid"] and v["nspid"][-1] == pid:
             return v
     return None
@@ -890,6 +911,7 @@ def test_a_task_tree_is_reaped_whole_by_cgroup_kill(sbxc_task: Task, sbxc_sessio
     assert not missing, f"the host did not see the task's {', '.join(missing)} in its leaf"
     me = _seen_by_host(sbxc_task, leaf, sbxc_task.get("pid"))
     escaped = seen["setsid grandchild"]
+    assert escaped is not None  # `missing` above is empty
     # Not vacuous: the grandchild really left the task's session, so a session or process-group kill
     # would have missed it.
     assert me is None or escaped["sid"] != me["sid"], "the setsid grandchild stayed in the task's session"

@@ -251,8 +251,11 @@ def finish(exc: Cancelled) -> int:
     stop_groups(dict(_state.groups), grace=STOP_GRACE, tracked=True)
     owner.say(owner.sweep(include_self=True))
     close()
-    if _state.mid_line:
-        print(file=sys.stderr)
-    print(f"{PROG}: KILLED-{exc.name} mode={_state.label} exit={exc.exit_code} "
-          f"time={time.monotonic() - _state.started:.1f}s", file=sys.stderr, flush=True)
+    # Our reader may be gone (a parent killed with SIGKILL closed the pipe): the verdict line is then
+    # unreadable anyway, and the exit status must still say how the run ended.
+    with contextlib.suppress(OSError):
+        if _state.mid_line:
+            print(file=sys.stderr)
+        print(f"{PROG}: KILLED-{exc.name} mode={_state.label} exit={exc.exit_code} "
+              f"time={time.monotonic() - _state.started:.1f}s", file=sys.stderr, flush=True)
     return exc.exit_code

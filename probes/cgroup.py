@@ -7,86 +7,31 @@ ownership check below, and its child is removed in a `finally`, even on error.""
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import errno
 import os
-import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from probes import mountinfo
+from probes.cgroupfs import (
+    CGROUP2_SUPER_MAGIC,
+    CGROUP_SUPER_MAGIC,
+    PROMISE_ENV,
+    CgroupFs,
+    Statfs,
+    initial_cgroupns,
+    own_cgroup,
+    prove,
+    statfs_magic,
+    v1_bound_controllers,
+)
 from probes.finding import Finding, Verdict
 from probes.host import Host
 
-# include/uapi/linux/magic.h
-CGROUP2_SUPER_MAGIC = 0x63677270
-CGROUP_SUPER_MAGIC = 0x27E0EB
-TMPFS_MAGIC = 0x01021994
-# include/linux/proc_ns.h: the initial cgroup namespace's inode number, the same on every boot.
-PROC_CGROUP_INIT_INO = 0xEFFFFFFB
-
-PROMISE_ENV = "SANDBOX_CONFORMANCE_CGROUP_ROOT"
 # systemd >= 251 marks a cgroup it delegated (Delegate=yes) with this xattr: trusted.* when the
 # system manager did it, user.* when a user manager did (docs/CGROUP_DELEGATION.md).
 DELEGATE_XATTRS = ("trusted.delegate", "user.delegate")
-PROOF_LIMIT = 64 * 1024 * 1024
-
-# statfs(2) f_type for a path, or None when the path cannot be statted. Injected by unit tests:
-# a fake host in tmp_path lives on tmpfs/ext4 whatever layout it pretends to have.
-Statfs = Callable[[Path], int | None]
-
-
-def statfs_magic(path: Path) -> int | None:
-    """f_type from statfs(2). Python has os.statvfs, which drops f_type, so ask libc."""
-    # CDLL(None): the libc already mapped into this process. ctypes.util.find_library would spawn
-    # ldconfig (a subprocess per call) to find the same thing.
-    libc = ctypes.CDLL(None, use_errno=True)
-    # struct statfs starts with f_type (__fsword_t, a C long) on every Linux ABI we run on; the
-    # buffer is larger than the struct (120 bytes on x86_64/aarch64).
-    buf = ctypes.create_string_buffer(256)
-    if libc.statfs(os.fsencode(path), buf) != 0:
-        err = ctypes.get_errno()
-        if err in (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ELOOP):
-            return None
-        raise OSError(err, os.strerror(err), str(path))
-    return ctypes.c_ulong.from_buffer(buf).value & 0xFFFFFFFF
-
-
-@dataclasses.dataclass(frozen=True)
-class Mount:
-    root: str  # the subtree of the filesystem this mount shows
-    mountpoint: str
-    fstype: str
-    super_options: str
-
-
-def _unescape(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo (fs/proc_namespace.c, mangle()).
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
-
-
-def parse_mountinfo(text: str) -> list[Mount]:
-    """proc(5) mountinfo: `id parent maj:min root mountpoint opts [optional...] - fstype source super`."""
-    mounts = []
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        fields, tail = left.split(), right.split()
-        if len(fields) < 5 or len(tail) < 3:
-            continue
-        mounts.append(Mount(_unescape(fields[3]), _unescape(fields[4]), tail[0], tail[2]))
-    return mounts
-
-
-def own_cgroup(proc_self_cgroup: str) -> str | None:
-    """Our cgroup on the unified hierarchy: the `0::` line (cgroups(7)); None when there is none."""
-    for line in proc_self_cgroup.splitlines():
-        hid, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if hid == "0" and controllers == "":
-            return path.removesuffix(" (deleted)")
-    return None
 
 
 def resolve_root(own: str) -> str:
@@ -100,27 +45,14 @@ def resolve_root(own: str) -> str:
     return "/" + "/".join(parts)
 
 
-def v1_bound_controllers(proc_cgroups: str) -> list[str]:
-    """Controllers bound to a v1 hierarchy (/proc/cgroups column 2 non-zero, enabled): a controller
-    can be attached to one hierarchy only, so these are unavailable to cgroup2 (cgroup-v2.rst)."""
-    out = []
-    for line in proc_cgroups.splitlines():
-        if line.startswith("#"):
-            continue
-        cols = line.split()
-        if len(cols) >= 4 and cols[1] != "0" and cols[3] == "1":
-            out.append(cols[0])
-    return sorted(out)
-
-
 @dataclasses.dataclass(frozen=True)
 class Layout:
     name: str  # "v1" | "hybrid" | "unified" | "none"
-    v2_mount: Mount | None  # the cgroup2 mount we resolve paths through
+    v2_mount: mountinfo.Mount | None  # the cgroup2 mount we resolve paths through
     conflicts: tuple[str, ...] = ()
 
 
-def decide_layout(mounts: Sequence[Mount], magic: Mapping[str, int | None]) -> Layout:
+def decide_layout(mounts: Sequence[mountinfo.Mount], magic: Mapping[str, int | None]) -> Layout:
     """systemd's cg_unified_cached(): statfs("/sys/fs/cgroup") is CGROUP2 -> unified; TMPFS with
     /sys/fs/cgroup/unified CGROUP2 -> hybrid; otherwise legacy. mountinfo adds cgroup2 mounts elsewhere
     and the v1 hierarchies. statfs is the kernel's answer for the path now; a mountinfo entry it
@@ -130,19 +62,19 @@ def decide_layout(mounts: Sequence[Mount], magic: Mapping[str, int | None]) -> L
     conflicts = []
     confirmed = []
     for m in v2:
-        got = magic.get(m.mountpoint)
+        got = magic.get(m.mount_point)
         if got == CGROUP2_SUPER_MAGIC:
             confirmed.append(m)
         else:
-            conflicts.append(f"mountinfo lists cgroup2 at {m.mountpoint} but statfs says "
+            conflicts.append(f"mountinfo lists cgroup2 at {m.mount_point} but statfs says "
                              f"{'nothing' if got is None else hex(got)}")
     # Prefer the standard places, in systemd's order.
-    confirmed.sort(key=lambda m: {"/sys/fs/cgroup": 0, "/sys/fs/cgroup/unified": 1}.get(m.mountpoint, 2))
+    confirmed.sort(key=lambda m: {"/sys/fs/cgroup": 0, "/sys/fs/cgroup/unified": 1}.get(m.mount_point, 2))
     top = magic.get("/sys/fs/cgroup")
-    if top == CGROUP2_SUPER_MAGIC and not any(m.mountpoint == "/sys/fs/cgroup" for m in confirmed):
+    if top == CGROUP2_SUPER_MAGIC and not any(m.mount_point == "/sys/fs/cgroup" for m in confirmed):
         conflicts.append("statfs says cgroup2 at /sys/fs/cgroup but mountinfo does not list it")
     mount = confirmed[0] if confirmed else None
-    if mount is not None and mount.mountpoint == "/sys/fs/cgroup":
+    if mount is not None and mount.mount_point == "/sys/fs/cgroup":
         name = "unified"
     elif mount is not None:
         name = "hybrid" if v1 else "unified"
@@ -151,14 +83,14 @@ def decide_layout(mounts: Sequence[Mount], magic: Mapping[str, int | None]) -> L
     return Layout(name, mount, tuple(conflicts))
 
 
-def fs_path(mount: Mount, cgroup: str) -> str | None:
+def fs_path(mount: mountinfo.Mount, cgroup: str) -> str | None:
     """Host-absolute path of `cgroup` through `mount`, or None when the mount does not show it
     (a bind mount of another subtree). Both are relative to our cgroup namespace's root."""
     base = mount.root.rstrip("/")
     if base and cgroup != base and not cgroup.startswith(base + "/"):
         return None
     rel = cgroup[len(base):].strip("/")
-    return os.path.join(mount.mountpoint, rel) if rel else mount.mountpoint
+    return os.path.join(mount.mount_point, rel) if rel else mount.mount_point
 
 
 def _read(path: Path) -> str | None:
@@ -238,84 +170,6 @@ def blockers(state: RootState, euid: int, v1_bound: Sequence[str]) -> list[str]:
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class CgroupOps:
-    """The filesystem calls the proof makes. The kernel populates a new cgroup with its interface
-    files and lets rmdir remove it while they exist; a unit test emulates that on a plain fs."""
-
-    mkdir: Callable[[Path], None] = os.mkdir
-    rmdir: Callable[[Path], None] = os.rmdir
-
-
-def _write(path: Path, value: str) -> None:
-    # No O_CREAT: on cgroupfs every interface file already exists; a missing one means the
-    # controller is not enabled here, and creating a plain file would prove nothing.
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, value.encode())
-    finally:
-        os.close(fd)
-
-
-def _ename(e: OSError) -> str:
-    return errno.errorcode.get(e.errno or 0, str(e.errno))
-
-
-def prove(root: Path, subtree_control: Sequence[str], ops: CgroupOps = CgroupOps()) -> tuple[bool, str, dict]:
-    """Create a throwaway child under `root`, write memory.max, read it back, remove it.
-
-    Returns (ok, what failed or what was proved, evidence). The child is removed and any
-    subtree_control change undone in `finally`, whatever happened. Every OSError here is an answer
-    about the host (EBUSY: cgroup v2's no-internal-process rule; EACCES: not ours), so it is reported
-    by errno name rather than raised."""
-    ev: dict[str, str] = {}
-    child = root / f"sbxc-proof-{os.getpid()}-{os.urandom(4).hex()}"
-    enabled_here = made = False
-    try:
-        if "memory" not in subtree_control:
-            # Children get memory.* only when the parent enables it for them. A root that holds
-            # processes cannot (EBUSY): the no-internal-process rule (cgroup-v2.rst).
-            try:
-                _write(root / "cgroup.subtree_control", "+memory")
-                enabled_here = True
-            except OSError as e:
-                return False, f"cannot enable memory for children of {root}: {_ename(e)}", ev
-        try:
-            ops.mkdir(child)
-            made = True
-        except OSError as e:
-            return False, f"cannot create a child cgroup under {root}: {_ename(e)}", ev
-        try:
-            _write(child / "memory.max", f"{PROOF_LIMIT}\n")
-            back = (child / "memory.max").read_text().strip()
-        except OSError as e:
-            return False, f"cannot write {child.name}/memory.max: {_ename(e)}", ev
-        ev["proof.memory.max"] = back
-        if back != str(PROOF_LIMIT):
-            return False, f"{child.name}/memory.max read back {back!r}, wrote {PROOF_LIMIT}", ev
-        return True, f"created {child.name}, set memory.max={PROOF_LIMIT}, read it back", ev
-    finally:
-        if made:
-            try:
-                ops.rmdir(child)
-                ev["proof.cleanup"] = "removed"
-            except OSError as e:
-                ev["proof.cleanup"] = f"FAILED to remove {child}: {_ename(e)}"
-        if enabled_here:
-            try:
-                _write(root / "cgroup.subtree_control", "-memory")
-            except OSError as e:
-                ev["proof.subtree_control"] = f"FAILED to restore: {_ename(e)}"
-
-
-def _initial_cgroupns(host: Host) -> bool:
-    try:
-        link = os.readlink(host.proc / "self/ns/cgroup")
-    except (FileNotFoundError, PermissionError):
-        return True  # cannot tell: assume the host's namespace, the cautious reading
-    return link == f"cgroup:[{PROC_CGROUP_INIT_INO}]"
-
-
 def observe_root(host: Host, path: str, *, promised: bool, layout: Layout, statfs: Statfs) -> RootState:
     real = host.path(path)
     exists, is_dir = real.exists(), real.is_dir()
@@ -325,7 +179,7 @@ def observe_root(host: Host, path: str, *, promised: bool, layout: Layout, statf
     hierarchy_root = False
     if mount is not None and mount.root == "/" and exists:
         try:
-            a, b = os.stat(real), os.stat(host.path(mount.mountpoint))
+            a, b = os.stat(real), os.stat(host.path(mount.mount_point))
             hierarchy_root = (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
         except FileNotFoundError:
             pass
@@ -343,16 +197,16 @@ def observe_root(host: Host, path: str, *, promised: bool, layout: Layout, statf
     return RootState(
         path=path, promised=promised, exists=exists, is_dir=is_dir,
         magic=magic, hierarchy_root=hierarchy_root, machine_root=machine_root,
-        initial_cgroupns=_initial_cgroupns(host),
+        initial_cgroupns=initial_cgroupns(host.proc),
         writable=writable, delegate_xattr=xattr,
         controllers=tuple(_words(_read(real / "cgroup.controllers"))),
         subtree_control=tuple(_words(_read(real / "cgroup.subtree_control"))),
     )
 
 
-def probe(host: Host, *, statfs: Statfs = statfs_magic, ops: CgroupOps = CgroupOps()) -> list[Finding]:
-    mounts = parse_mountinfo(_read(host.proc / "self/mountinfo") or "")
-    points = {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"} | {m.mountpoint for m in mounts
+def probe(host: Host, *, statfs: Statfs = statfs_magic, fs: CgroupFs | None = None) -> list[Finding]:
+    mounts = mountinfo.parse(_read(host.proc / "self/mountinfo") or "")
+    points = {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"} | {m.mount_point for m in mounts
                                                              if m.fstype == "cgroup2"}
     magic = {p: statfs(host.path(p)) for p in sorted(points)}
     layout = decide_layout(mounts, magic)
@@ -370,7 +224,7 @@ def probe(host: Host, *, statfs: Statfs = statfs_magic, ops: CgroupOps = CgroupO
     enabled = _words(_read(host.path(root) / "cgroup.subtree_control")) if root else []
     facts = {"layout": layout.name, "own": own, "root": root, "controllers_available": available,
              "controllers_enabled": enabled, "v1_controllers": v1_bound,
-             "v2_mount": layout.v2_mount.mountpoint if layout.v2_mount else None}
+             "v2_mount": layout.v2_mount.mount_point if layout.v2_mount else None}
     if layout.v2_mount is None:
         cg = Finding("cgroup", Verdict.unsupported,
                      f"no cgroup2 hierarchy mounted (layout {layout.name}); "
@@ -378,14 +232,14 @@ def probe(host: Host, *, statfs: Statfs = statfs_magic, ops: CgroupOps = CgroupO
     else:
         held = f"; v1 holds {' '.join(v1_bound)}" if layout.name == "hybrid" and v1_bound else ""
         cg = Finding("cgroup", Verdict.supported,
-                     f"{layout.name} layout: cgroup2 at {layout.v2_mount.mountpoint}, own cgroup {own}, "
+                     f"{layout.name} layout: cgroup2 at {layout.v2_mount.mount_point}, own cgroup {own}, "
                      f"root {root or '(not visible)'}, controllers {' '.join(available) or 'none'}{held}",
                      ev, facts)
-    return [cg, delegation(host, layout, root, v1_bound, statfs=statfs, ops=ops, base_evidence=ev)]
+    return [cg, delegation(host, layout, root, v1_bound, statfs=statfs, fs=fs, base_evidence=ev)]
 
 
 def delegation(host: Host, layout: Layout, resolved: str | None, v1_bound: Sequence[str], *,
-               statfs: Statfs, ops: CgroupOps, base_evidence: Mapping[str, str]) -> Finding:
+               statfs: Statfs, fs: CgroupFs | None, base_evidence: Mapping[str, str]) -> Finding:
     promised_path = host.env.get(PROMISE_ENV, "")
     promised = bool(promised_path)
     ev = dict(base_evidence)
@@ -420,10 +274,11 @@ def delegation(host: Host, layout: Layout, resolved: str | None, v1_bound: Seque
         for i, b in enumerate(found):
             ev[f"blocker.{i}"] = b
         return Finding("cgroup.delegation", failed, f"{lead}: {'; '.join(found)}", ev, facts)
-    ok, what, proof_ev = prove(host.path(candidate), state.subtree_control, ops)
-    ev.update(proof_ev)
-    if not ok:
+    proof = prove(host.path(candidate), state.subtree_control, fs)
+    ev.update(proof.evidence)
+    if not proof.ok:
         lead = f"{PROMISE_ENV}={candidate}" if promised else candidate
-        return Finding("cgroup.delegation", failed, f"{lead}: proof failed: {what}", ev, facts)
+        return Finding("cgroup.delegation", failed, f"{lead}: proof failed: {proof.what}", ev, facts)
     facts["root"] = candidate
-    return Finding("cgroup.delegation", Verdict.supported, f"delegated root {candidate}: {what}", ev, facts)
+    return Finding("cgroup.delegation", Verdict.supported, f"delegated root {candidate}: {proof.what}", ev,
+                   facts)

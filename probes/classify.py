@@ -244,7 +244,10 @@ def _causes(signals: Signals, rung: Rung, outcome: Outcome, succeeded: frozenset
     # unshare before them worked), hidepid may be why; when they worked, it cannot be.
     map_refused = Rung.userns in succeeded and Rung.userns_map not in succeeded
     for cause in _candidates(signals, rung, outcome):
-        if Rung.userns in succeeded and cause in _USERNS_BLOCKERS:
+        # ...except the sysctl for --disable-userns's nested unshare, which even root makes without
+        # CAP_SYS_ADMIN in the initial namespace (see _candidates).
+        if Rung.userns in succeeded and cause in _USERNS_BLOCKERS and not (
+                cause is Cause.unprivileged_userns_clone and rung is Rung.disable_userns):
             continue
         if Rung.userns_map in succeeded and cause in (Cause.apparmor, Cause.readonly_proc):
             continue
@@ -289,7 +292,14 @@ def _candidates(s: Signals, rung: Rung, o: Outcome) -> list[Cause]:
     if s.max_user_namespaces == 0:
         out.append(Cause.max_user_namespaces)
     # Debian's patch: unprivileged_userns_clone=0 refuses CLONE_NEWUSER without CAP_SYS_ADMIN (EPERM).
-    if s.unprivileged_userns_clone == 0 and not s.cap_sys_admin:
+    # The capability is checked in the INITIAL user namespace (capable(), kernel/fork.c), so root is
+    # refused too where the unshare happens inside a new namespace: bwrap --disable-userns makes a
+    # second, nested one ("bwrap: unshare user ns: Operation not permitted" as root, Debian 6.1,
+    # tests/test_host_shape_lab.py). A setuid bwrap makes its namespaces with that capability: the
+    # sysctl does not stop its rungs (netns and pidns.proc work there, observed).
+    setuid_mode = s.bwrap_setuid and s.euid != 0 and rung in BWRAP_RUNGS
+    if s.unprivileged_userns_clone == 0 and not setuid_mode and (
+            not s.cap_sys_admin or rung is Rung.disable_userns):
         out.append(Cause.unprivileged_userns_clone)
     # Ubuntu 23.10+: the namespace is created but an unconfined task loses its capabilities in it,
     # so the map writes (and bwrap's mounts) fail; CAP_SYS_ADMIN in the init ns is exempt.
@@ -311,7 +321,8 @@ def _candidates(s: Signals, rung: Rung, o: Outcome) -> list[Cause]:
         out.append(Cause.hidepid)
     if s.euid == 0 and no_admin:
         out.append(Cause.no_cap_sys_admin)
-    if rung in BWRAP_RUNGS and s.bwrap_setuid:
+    # Run by root a setuid bwrap is in no setuid mode at all (bubblewrap.c: real uid == effective).
+    if setuid_mode:
         out.append(Cause.setuid_bwrap)
     out += [c for c in readonly if c not in out]
     return out

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import importlib
 from collections.abc import Callable, Iterable
 
 from probes.finding import Finding, Verdict
 from probes.host import Host
+from probes.run import Background
 
 # probe module -> the probe ids it reports, in display order. The runner and the witness suite
 # depend on these ids.
@@ -22,10 +22,14 @@ MODULES: dict[str, tuple[str, ...]] = {
     "probes.systemd_user": ("systemd_user",),
 }
 PROBE_IDS: tuple[str, ...] = tuple(i for ids in MODULES.values() for i in ids)
+# Started first: the modules that wait on children (the ladder's combined trial, the sandboxed
+# probe's nested unshare, `bwrap --version`), so the others' imports overlap their launches.
+LAUNCHES_FIRST = frozenset({"probes.ladder", "probes.sandboxed", "probes.bwrap"})
 
 
 def _module_probe(name: str) -> Callable[[Host], list[Finding]]:
-    return importlib.import_module(name).probe
+    probe: Callable[[Host], list[Finding]] = importlib.import_module(name).probe  # each module's contract
+    return probe
 
 
 def collect(host: Host | None = None, only: Iterable[str] | None = None) -> list[Finding]:
@@ -38,16 +42,18 @@ def collect(host: Host | None = None, only: Iterable[str] | None = None) -> list
     unknown_ids = wanted - set(PROBE_IDS)
     if unknown_ids:
         raise ValueError(f"unknown probe id(s): {', '.join(sorted(unknown_ids))}")
-    modules = [m for m, ids in MODULES.items() if wanted & set(ids)]
+    modules = sorted((m for m, ids in MODULES.items() if wanted & set(ids)),
+                     key=lambda m: m not in LAUNCHES_FIRST)
     results: dict[str, Finding] = {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(modules) or 1) as pool:
-        futures = {pool.submit(_module_probe(m), host): m for m in modules}
-        for fut, m in futures.items():
-            try:
-                for f in fut.result():
-                    results[f.probe] = f
-            except Exception as e:
-                for pid in MODULES[m]:
-                    results[pid] = Finding(pid, Verdict.unknown, f"probe crashed: {type(e).__name__}: {e}",
-                                           {"exception": repr(e)})
+    # One thread per module, all started before any is waited for: the ladder's trials, the sandboxed
+    # probe's child and `bwrap --version` overlap (most of a probe run is waiting for children).
+    running = {m: Background(_module_probe(m), host, name=f"sbxc-{m}") for m in modules}
+    for m, task in running.items():
+        try:
+            for f in task.result():
+                results[f.probe] = f
+        except Exception as e:
+            for pid in MODULES[m]:
+                results[pid] = Finding(pid, Verdict.unknown, f"probe crashed: {type(e).__name__}: {e}",
+                                       {"exception": repr(e)})
     return [results[i] for i in PROBE_IDS if i in wanted and i in results]

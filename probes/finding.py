@@ -56,7 +56,3 @@ class Finding:
             evidence=doc.get("evidence", {}),
             facts=doc.get("facts", {}),
         )
-
-
-def by_id(findings: list[Finding] | tuple[Finding, ...]) -> dict[str, Finding]:
-    return {f.probe: f for f in findings}

@@ -1,17 +1,25 @@
 """The user-namespace ladder: `userns`, `userns.map`, `netns`, `pidns.proc`, `disable_userns`.
 
 Each rung is TRIED as the probed user (Host.trial_prefix: setpriv when --as-user) in a throwaway child
-with a timeout:
+with a timeout.
+
+Fast path: ONE combined trial, `bwrap --unshare-user --unshare-net --unshare-pid --proc /proc
+--disable-userns` running the stdlib program in its `all` mode, started before anything else. When it
+runs and what it saw answers every rung (its own user namespace, the uid/gid maps read back, lo up, a
+fresh /proc, a nested unshare refused with ENOSPC), that is the ladder: one launch.
+
+Slow path, when the combined trial fails, is not tried (no bwrap, a setuid one) or leaves a rung
+unanswered: every rung its own trial, as the ladder always did, to name the cause:
   userns + userns.map  one `python3 -I -S` child: unshare(CLONE_NEWUSER), then setgroups/uid_map/gid_map;
-  netns, pidns.proc, disable_userns  one throwaway bwrap each, running a stdlib program that reports
-                       what it saw inside.
+  netns, pidns.proc, disable_userns  one throwaway bwrap each, running the same program.
 The four launches are independent, so they run concurrently. All five ids are always reported; a
 failing rung is classified by `probes.classify` from independent signals gathered here, never from
-bwrap's stderr wording (kept as evidence)."""
+bwrap's stderr wording (kept as evidence). Every finding says which observation answered it
+(`facts["observed_by"]`: "combined" or "rung"; evidence `observed_by`, and `combined trial` on the slow
+path: what the combined trial did and why it did not answer)."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import errno as errno_mod
@@ -19,6 +27,7 @@ import functools
 import json
 import os
 import re
+import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,7 +37,7 @@ from probes import bwrap as bwrap_probe
 from probes.classify import RUNGS, Cause, Outcome, Rung, Signals, Step, classify, wsl_of
 from probes.finding import Finding
 from probes.host import Host
-from probes.run import Completed, minimal_env
+from probes.run import Background, Completed, minimal_env
 
 INSIDE = Path(__file__).with_name("_inside_ladder.py")
 USER_INIT_INO = 0xEFFFFFFD  # PROC_USER_INIT_INO, <linux/proc_ns.h>
@@ -349,7 +358,8 @@ def bwrap_outcome(rung: Rung, done: Completed) -> tuple[Outcome, dict[str, Any] 
     return Outcome(True), report
 
 
-def _evidence(done: Completed | None, report: Mapping[str, Any] | None, extra: Mapping[str, str]) -> dict:
+def _evidence(done: Completed | None, report: Mapping[str, Any] | None,
+              extra: Mapping[str, str]) -> dict[str, str]:
     ev: dict[str, str] = dict(extra)
     if done is not None:
         # The argv without the program text: a person wants the command line, not 4 kB of Python.
@@ -381,21 +391,167 @@ def _signal_evidence(s: Signals) -> dict[str, str]:
     }
 
 
-def probe(host: Host) -> list[Finding]:
+# ---------------------------------------------------------------- the fast path: one combined trial
+
+# One bwrap with every rung's flags at once, running the `all` mode: on a healthy host this single
+# launch answers the five rungs (issue 15: the ladder is walked rung by rung only when it fails, to
+# name the cause). Same program, same --ro-bind / / as the rung trials.
+COMBINED_ARGS: tuple[str, ...] = (
+    "--unshare-user", "--unshare-net", "--unshare-pid", "--disable-userns", "--die-with-parent",
+    "--ro-bind", "/", "/",
+    "--proc", "/proc",
+)
+COMBINED = "combined"  # facts["observed_by"]: the combined trial answered this rung
+RUNG_TRIAL = "rung"  # ... its own rung trial did (the slow path)
+_COMBINED_WHAT = ("one bwrap --unshare-user --unshare-net --unshare-pid --proc /proc --disable-userns "
+                  "(the combined trial)")
+
+
+def _ns_link(host: Host, name: str) -> str | None:
+    try:
+        return os.readlink(host.proc / "self/ns" / name)
+    except OSError:
+        return None
+
+
+def _combined_candidate(host: Host) -> tuple[str | None, str]:
+    """(the bwrap to run the combined trial with, or None and why not). A setuid bwrap creates its
+    namespaces with privilege (bubblewrap.c acquire_privs), so its success would say nothing about an
+    unprivileged user namespace: only the rung trials can answer there."""
+    path = host.which("bwrap")
+    if path is None:
+        return None, "no bwrap on PATH"
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return None, f"{path}: {errno_mod.errorcode.get(e.errno or 0, e)}"
+    if mode & stat.S_ISUID:
+        return None, f"{path} is setuid"
+    return path, ""
+
+
+def _map_rows(text: object) -> list[list[str]]:
+    if not isinstance(text, str) or text.startswith("!"):
+        return []
+    return [line.split() for line in text.splitlines() if len(line.split()) == 3]
+
+
+def combined_observations(report: Mapping[str, Any] | None, outer_userns: str | None
+                          ) -> tuple[dict[Rung, str], dict[Rung, str]]:
+    """The combined trial's report -> (rung: the observation that answers it, rung: why it does not).
+    Pure. Each rung must be answered by the same fact its own trial would check."""
+    answered: dict[Rung, str] = {}
+    missing: dict[Rung, str] = {}
+    if report is None:
+        return answered, {r: "no report" for r in RUNGS}
+    inner = report.get("userns")
+    if isinstance(inner, str) and inner.startswith("user:[") and outer_userns and inner != outer_userns:
+        answered[Rung.userns] = f"the trial ran in user namespace {inner}, ours is {outer_userns}"
+    else:
+        missing[Rung.userns] = f"user namespace {inner} vs ours {outer_userns}"
+    uid_rows, gid_rows = _map_rows(report.get("uid_map_read")), _map_rows(report.get("gid_map_read"))
+    setgroups = report.get("setgroups_read")
+    uid = str(report.get("uid"))
+    # Unmapped, getuid() reads as the overflow uid (user_namespaces(7)); a mapped one is listed.
+    if uid_rows and gid_rows and setgroups in ("deny", "!ENOENT") and any(r[0] == uid for r in uid_rows):
+        answered[Rung.userns_map] = (f"setgroups {setgroups}, uid_map {' '.join(uid_rows[0])}, "
+                                     f"gid_map {' '.join(gid_rows[0])} read back inside (uid {uid})")
+    else:
+        missing[Rung.userns_map] = (f"setgroups {setgroups}, uid_map {report.get('uid_map_read')!r}, "
+                                    f"gid_map {report.get('gid_map_read')!r}, uid {uid}")
+    if report.get("lo_up") is True:
+        answered[Rung.netns] = (f"lo up (flags {report.get('lo_flags')}) in {report.get('net')}, "
+                                f"interfaces {report.get('interfaces')}")
+    else:
+        missing[Rung.netns] = f"lo not up ({report.get('lo_error') or report.get('lo_flags')})"
+    if report.get("fresh_proc") is True:
+        answered[Rung.pidns_proc] = (f"/proc/self -> {report.get('proc_self')}, our pid {report.get('pid')} "
+                                     f"in {report.get('pid_ns')}")
+    else:
+        missing[Rung.pidns_proc] = f"/proc/self -> {report.get('proc_self')}, pid {report.get('pid')}"
+    if report.get("nested_unshare") == "ENOSPC":
+        answered[Rung.disable_userns] = "a nested unshare(CLONE_NEWUSER) got ENOSPC"
+    else:
+        missing[Rung.disable_userns] = f"nested unshare(CLONE_NEWUSER) -> {report.get('nested_unshare')}"
+    return answered, missing
+
+
+def _combined_summary(done: Completed | None, why_not: str, missing: Mapping[Rung, str]) -> str:
+    """One line for the slow path's evidence: what the combined trial did, and why it did not answer."""
+    if done is None:
+        return f"not tried: {why_not}"
+    if done.timed_out:
+        return f"timed out after {done.seconds:.1f}s"
+    head = f"exit {done.returncode}" + (f": {done.stderr_tail()}" if done.stderr.strip() else "")
+    if why_not:
+        return f"{head}; not used: {why_not}"
+    if done.returncode != 0:
+        return head  # bwrap (or the program) failed: its words say more than five "no report"s
+    if set(missing.values()) == {"no report"}:
+        return f"{head}; no report"
+    gaps = "; ".join(f"{r}: {w}" for r, w in missing.items())
+    return f"{head}; did not answer {gaps}" if gaps else head
+
+
+# ---------------------------------------------------------------- the probe
+
+def probe(host: Host, *, fast: bool = True) -> list[Finding]:
+    """The five rungs. fast=False walks the rungs without trying the combined trial first (tests)."""
+    combined: Background[Completed] | None = None
+    bwrap_path, why_not = _combined_candidate(host) if fast else (None, "fast path off")
+    if bwrap_path is not None:
+        # Started before `bwrap --version`: on a healthy host this is the only launch the ladder makes.
+        combined = Background(_launch, host, [bwrap_path, *COMBINED_ARGS, "--", *_program(host, "all")])
+    info = bwrap_probe.inspect(host)
+    outer_userns = _ns_link(host, "user")
+    done = combined.result() if combined is not None else None
+    report = _report(done) if done is not None else None
+    answered, missing = combined_observations(report, outer_userns)
+    if done is not None:
+        # The combined trial counts only where its bwrap is the one the bwrap probe vouches for and the
+        # rung trials would use: same path, runs, not setuid, no file caps, knows --disable-userns.
+        if info.path != bwrap_path or info.error is not None:
+            why_not = f"bwrap probe: {info.path}: {info.error}"
+        elif info.setuid or info.caps:
+            why_not = f"bwrap is {'setuid' if info.setuid else 'file caps ' + str(info.caps)}"
+        elif not info.disable_userns:
+            why_not = f"bwrap {info.version} lacks --disable-userns"
+    if done is not None and not why_not and not missing:
+        return _fast_findings(host, done, report, answered, outer_userns)
+    return _slow_findings(host, info, _combined_summary(done, why_not, missing))
+
+
+def _fast_findings(host: Host, done: Completed, report: Mapping[str, Any] | None,
+                   answered: Mapping[Rung, str], outer_userns: str | None) -> list[Finding]:
+    findings = []
+    for rung in RUNGS:
+        result = classify(Signals(), rung, Outcome(True))
+        extra = {"observed_by": _COMBINED_WHAT, "observed": answered[rung], "step": "", "errno": "None"}
+        if rung is Rung.userns:
+            extra["userns_outer"] = str(outer_userns)
+        findings.append(Finding(
+            str(rung), result.verdict, result.reason, _evidence(done, report, extra),
+            {"cause": None, "also": [], "errno": None, "user": host.user, "step": None,
+             "observed_by": COMBINED},
+        ))
+    return findings
+
+
+def _slow_findings(host: Host, info: bwrap_probe.BwrapInfo, combined: str) -> list[Finding]:
+    """Every rung its own trial, as before the fast path: the first failing rung names the cause."""
     runs: dict[Rung | str, Completed] = {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-        # The userns child needs nothing from bwrap: start it while bwrap is being inspected.
-        futures = {"userns": pool.submit(_launch, host, _program(host, "userns"))}
-        info = bwrap_probe.inspect(host)
-        signals = gather_signals(host, info)
-        for rung, args in BWRAP_ARGS.items():
-            if info.path is None or info.error is not None:
-                continue
-            if rung is Rung.disable_userns and not info.disable_userns:
-                continue
-            futures[rung] = pool.submit(_launch, host, [info.path, *args, "--", *_program(host, _MODE[rung])])
-        for key, fut in futures.items():
-            runs[key] = fut.result()
+    # The four launches are independent: the userns child, then one bwrap per bwrap rung.
+    tasks: dict[Rung | str, Background[Completed]] = {
+        "userns": Background(_launch, host, _program(host, "userns"))}
+    for rung, args in BWRAP_ARGS.items():
+        if info.path is None or info.error is not None:
+            continue
+        if rung is Rung.disable_userns and not info.disable_userns:
+            continue
+        tasks[rung] = Background(_launch, host, [info.path, *args, "--", *_program(host, _MODE[rung])])
+    signals = gather_signals(host, info)
+    for key, task in tasks.items():
+        runs[key] = task.result()
 
     first, second, ureport = userns_outcomes(runs["userns"])
     signals = with_trial_context(signals, ureport)
@@ -421,14 +577,18 @@ def probe(host: Host) -> list[Finding]:
         outcome = outcomes[rung]
         result = classify(signals, rung, outcome, earlier_failed=earlier, succeeded=succeeded)
         done = runs.get("userns" if rung in (Rung.userns, Rung.userns_map) else rung)
-        extra = {"step": str(outcome.step) if outcome.step else "", "errno": str(outcome.errno)}
+        tried = done is not None and outcome.untried is None
+        extra = {"step": str(outcome.step) if outcome.step else "", "errno": str(outcome.errno),
+                 "observed_by": "its own rung trial" if tried else "not tried",
+                 "combined trial": combined}
         if not outcome.ok:
             extra.update(sig_ev)
         findings.append(Finding(
             str(rung), result.verdict, result.reason, _evidence(done, reports.get(rung), extra),
             {"cause": str(result.cause) if result.cause else None, "also": [str(c) for c in result.also],
              "errno": outcome.errno,
-             "user": host.user, "step": str(outcome.step) if outcome.step else None},
+             "user": host.user, "step": str(outcome.step) if outcome.step else None,
+             "observed_by": RUNG_TRIAL if tried else None},
         ))
         if not outcome.ok and earlier is None:
             earlier = rung

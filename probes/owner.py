@@ -31,10 +31,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 # The directories runs leave, by the prefix each module gives mkdtemp (kept in step with
-# conformance/layout.py, conformance/adapters/oci.py, conformance/controls_cmd.py,
-# runners/vm_mode.py, runners/vm.py, runners/container.py; tests/test_cancel.py checks them).
-SWEPT_PREFIXES = ("sbxc-witness-", "sbxc-oci-", "sbxc-controls-", "sbxc-container.", "sbxc-vm.",
-                  "sbxc-kvm-trial-")
+# conformance/layout.py, conformance/adapters/oci.py, conformance/adapters/srt.py,
+# conformance/controls_cmd.py, runners/vm_mode.py, runners/vm.py, runners/container.py,
+# runners/mr_tiers.py; tests/test_cancel.py checks them).
+SWEPT_PREFIXES = ("sbxc-witness-", "sbxc-oci-", "sbxc-srt-", "sbxc-controls-", "sbxc-container.", "sbxc-vm.",
+                  "sbxc-kvm-trial-", "sbxc-mr-check.")
 VAR_TMP = "/var/tmp"  # where the VM's scratch lives: on the host's /, visible to the guest over 9p
 OCI_RUNTIMES = ("crun", "runc")
 KILL_TIMEOUT = 10.0
@@ -299,7 +300,7 @@ def remove_cgroup(path: Path, *, timeout: float = KILL_TIMEOUT) -> str:
 def sweep_cgroup(root: Path) -> list[Swept]:
     """Leaves under a delegated root whose owner is gone (conformance/cgroup_leaf.py names them
     `<kind>-<stamp>-<n>`): killed, then removed. Nothing unstamped, nothing of a live run."""
-    out = []
+    out: list[Swept] = []
     try:
         children = sorted(p for p in root.iterdir() if p.is_dir())
     except OSError:

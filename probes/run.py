@@ -14,14 +14,17 @@ import dataclasses
 import errno
 import functools
 import os
+import select
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from probes import cancel
+
+T = TypeVar("T")
 
 # The environment a child gets unless the caller says otherwise: enough to find binaries and speak
 # UTF-8, nothing that could carry a secret into a probe or a sandbox.
@@ -82,9 +85,9 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 @functools.cache
 def _set_pdeathsig() -> Callable[[int], object]:
     """python-prctl's set_pdeathsig; libc's prctl(2) through ctypes where the package is not importable
-    (runners/vm_selfcheck.py runs under `python3 -I -S` in the VM, without site-packages)."""
+    (tests/vm_selfcheck.py runs under `python3 -I -S` in the VM, without site-packages)."""
     try:
-        import prctl  # python-prctl
+        import prctl  # type: ignore[import-untyped]  # python-prctl ships no stubs and no py.typed
 
         return prctl.set_pdeathsig  # type: ignore[no-any-return]
     except ImportError:
@@ -167,7 +170,7 @@ def run(
     except BlockingIOError as e:
         # fork(2) refused with EAGAIN: RLIMIT_NPROC or pids.max exhausted. A fact about the host,
         # reported as a failed start, not a crash of whoever asked.
-        return Completed(argv, None, "", f"{argv[0]}: fork: {errno.errorcode[e.errno]}", 0.0)
+        return Completed(argv, None, "", f"{argv[0]}: fork: {errno.errorcode[e.errno or errno.EAGAIN]}", 0.0)
     cancel.track(proc.pid, signal.SIGTERM)
     try:
         if on_line is not None or after_exit is not None:
@@ -188,6 +191,59 @@ def run(
             raise
     finally:
         cancel.untrack(proc.pid)
+
+
+def wait_exit(proc: subprocess.Popen[str], timeout: float) -> bool:
+    """Wait up to `timeout` for the child to exit and reap it: True, or False when it is still running.
+
+    Popen.wait(timeout=...) polls, sleeping up to 50 ms between looks (subprocess.Popen._wait), so a
+    child that exits is noticed up to 50 ms late: a witness launch paid that on every task. A pidfd
+    (pidfd_open(2), Linux 5.3) becomes readable the moment the child exits; where there is none,
+    Popen.wait as before. The child is ours and not yet reaped, so its pid cannot have been reused."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        deadline = time.monotonic() + timeout
+        while not poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
+            if time.monotonic() >= deadline:
+                return proc.poll() is not None
+        proc.wait()  # exited: this reaps it at once
+        return True
+    finally:
+        os.close(pidfd)
+
+
+class Background(Generic[T]):
+    """fn(*args) on its own thread, started at once; result() waits and returns its value or re-raises
+    what it raised. The probes' concurrency (concurrent.futures would import logging, ~4 ms of every
+    `probe` start-up). A child started from this thread keeps its parent-death signal for as long as
+    run() waits for it, as above."""
+
+    def __init__(self, fn: Callable[..., T], *args: Any, name: str = "sbxc-probe") -> None:
+        self._value: T | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._body, args=(fn, args), name=name, daemon=False)
+        self._thread.start()
+
+    def _body(self, fn: Callable[..., T], args: tuple[Any, ...]) -> None:
+        try:
+            self._value = fn(*args)
+        except BaseException as e:  # handed to whoever asks for the result, in their thread
+            self._error = e
+
+    def result(self) -> T:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
 
 
 def _streamed(
@@ -232,12 +288,8 @@ def _streamed(
     threads = [threading.Thread(target=feed, daemon=True), *readers]
     for t in threads:
         t.start()
-    timed_out = False
     try:
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        timed_out = not wait_exit(proc, timeout)
         # The leader is gone; its output may still be in the pipes. A survivor that holds them keeps
         # the readers waiting: bounded, then after_exit sees (and kills) it.
         for t in readers:

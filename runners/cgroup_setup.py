@@ -14,8 +14,9 @@ Steps (Documentation/admin-guide/cgroup-v2.rst):
    root is exempt from the rule.
 3. Enable memory and pids in the mount root's subtree_control, make `tasks/` and enable them there too,
    so every leaf under tasks/ has memory.max and pids.max.
-4. Prove it: a throwaway child of tasks/ accepts a memory.max write and reads it back. Only then is
-   SANDBOX_CONFORMANCE_CGROUP_ROOT=<mount>/tasks printed or exported.
+4. Prove it: a throwaway child of tasks/ accepts a memory.max write and reads it back (probes/cgroupfs
+   prove, the cgroup.delegation probe's proof). Only then is SANDBOX_CONFORMANCE_CGROUP_ROOT=<mount>/tasks
+   printed or exported.
 
 It refuses to run without `--in container|vm`; `--in vm` also needs SANDBOX_CONFORMANCE_IN_VM=1 (set by
 the VM's stage 2) and `--in container` a cgroup namespace of its own (with --cgroupns=host the mount
@@ -27,21 +28,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
-import errno
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from conformance.cgroup_leaf import CgroupFs
-from probes.cgroup import v1_bound_controllers
+from probes import mountinfo
+from probes.cgroupfs import PROMISE_ENV, CgroupFs, initial_cgroupns, mount_at, prove, v1_bound_controllers
+from probes.errnos import errname
 from probes.run import Runner, run
 
-ENV_ROOT = "SANDBOX_CONFORMANCE_CGROUP_ROOT"
+ENV_ROOT = PROMISE_ENV  # the name runners/container.py and runners/vm_suite.py import
 CONTROLLERS = ("memory", "pids")  # what the task limits need (memory.max, memory.swap.max, pids.max)
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
-PROOF_BYTES = 32 << 20
-INITIAL_CGROUPNS_INO = 0xEFFFFFFB  # include/linux/proc_ns.h PROC_CGROUP_INIT_INO: the same on every boot
 
 
 class Mode(enum.StrEnum):
@@ -54,17 +53,6 @@ class SetupError(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
-class MountEntry:
-    mountpoint: str
-    fstype: str
-    options: tuple[str, ...]  # per-mount options: "ro" or "rw" among them
-
-    @property
-    def read_only(self) -> bool:
-        return "ro" in self.options
-
-
-@dataclasses.dataclass(frozen=True)
 class SetupResult:
     mount: Path
     root: Path
@@ -73,30 +61,11 @@ class SetupResult:
     remounted: bool
 
 
-def parse_mountinfo(text: str, mountpoint: str) -> MountEntry | None:
-    """The last (topmost) mount at mountpoint in /proc/self/mountinfo (proc(5): fields up to " - ",
-    then fstype, source, super options)."""
-    found = None
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        fields = left.split()
-        if not sep or len(fields) < 6:
-            continue
-        point = fields[4].replace("\\040", " ")
-        if point == mountpoint:
-            found = MountEntry(point, right.split()[0], tuple(fields[5].split(",")))
-    return found
-
-
 def is_kernel_thread(stat_text: str) -> bool:
     """/proc/<pid>/stat field 9 (flags) has PF_KTHREAD. The comm field may hold spaces and ")":
     split after the last ")"."""
     after = stat_text.rpartition(")")[2].split()
     return len(after) > 6 and int(after[6]) & PF_KTHREAD != 0
-
-
-def _errno_name(e: OSError) -> str:
-    return errno.errorcode.get(e.errno or 0, str(e.errno))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,20 +81,16 @@ class Setup:
         if self.mode is Mode.vm and self.env.get("SANDBOX_CONFORMANCE_IN_VM") != "1":
             raise SetupError("--in vm outside the VM mode's guest (SANDBOX_CONFORMANCE_IN_VM is not 1): "
                              "refusing to rearrange this host's cgroup tree")
-        if self.mode is Mode.container:
-            # A container sharing the host's cgroup namespace (--cgroupns=host, or a bind of the host's
-            # /sys/fs/cgroup) sees the host's whole tree at the mount root: moving "our" processes
-            # would move every process of the host. Only a private namespace makes the root ours.
-            try:
-                link = os.readlink(self.proc / "self" / "ns" / "cgroup")
-            except FileNotFoundError:
-                link = None  # no cgroup namespaces (kernel < 4.6): cannot tell, so refuse
-            if link is None or link == f"cgroup:[{INITIAL_CGROUPNS_INO}]":
-                raise SetupError("the container shares the host's cgroup namespace: refusing to rearrange "
+        # A container sharing the host's cgroup namespace (--cgroupns=host, or a bind of the host's
+        # /sys/fs/cgroup) sees the host's whole tree at the mount root: moving "our" processes would
+        # move every process of the host. Only a private namespace makes the root ours. Without cgroup
+        # namespaces (kernel < 4.6) we cannot tell, so refuse.
+        if self.mode is Mode.container and initial_cgroupns(self.proc):
+            raise SetupError("the container shares the host's cgroup namespace: refusing to rearrange "
                                  "the host's tree (run it with --cgroupns=private)")
 
-    def mount_entry(self) -> MountEntry:
-        entry = parse_mountinfo((self.proc / "self" / "mountinfo").read_text(), str(self.mount))
+    def mount_entry(self) -> mountinfo.Mount:
+        entry = mount_at(mountinfo.parse((self.proc / "self" / "mountinfo").read_text()), str(self.mount))
         if entry is None:
             raise SetupError(f"nothing mounted at {self.mount}")
         if entry.fstype != "cgroup2":
@@ -149,7 +114,7 @@ class Setup:
         try:
             self.fs.write(path, text)
         except OSError as e:
-            raise SetupError(f"{step}: write {text!r} to {path}: {_errno_name(e)}") from e
+            raise SetupError(f"{step}: write {text!r} to {path}: {errname(e)}") from e
 
     def _mkdir(self, path: Path) -> None:
         try:
@@ -157,7 +122,7 @@ class Setup:
         except FileExistsError:
             pass
         except OSError as e:
-            raise SetupError(f"mkdir {path}: {_errno_name(e)}") from e
+            raise SetupError(f"mkdir {path}: {errname(e)}") from e
 
     def _kthread(self, pid: int) -> bool:
         try:
@@ -182,7 +147,7 @@ class Setup:
                 except ProcessLookupError:
                     continue  # exited meanwhile
                 except OSError as e:
-                    raise SetupError(f"move pid {pid} into {supervisor}: {_errno_name(e)}") from e
+                    raise SetupError(f"move pid {pid} into {supervisor}: {errname(e)}") from e
         raise SetupError(f"{self.mount / 'cgroup.procs'} kept gaining processes: could not empty it")
 
     def v1_bound(self) -> list[str]:
@@ -209,19 +174,12 @@ class Setup:
                     "enable controllers")
         return CONTROLLERS
 
-    def prove(self, root: Path) -> None:
-        child = root / f"setup-proof-{os.getpid()}"
-        self._mkdir(child)
-        try:
-            self._write(child / "memory.max", str(PROOF_BYTES), "prove memory.max")
-            back = self.fs.read(child / "memory.max").strip()
-            if back != str(PROOF_BYTES):
-                raise SetupError(f"{child / 'memory.max'} reads {back!r} after writing {PROOF_BYTES}")
-        finally:
-            try:
-                self.fs.rmdir(child)
-            except OSError as e:
-                raise SetupError(f"rmdir {child}: {_errno_name(e)}") from e
+    def prove(self, root: Path, enabled: Sequence[str]) -> None:
+        proof = prove(root, enabled, self.fs)
+        if proof.leftover:
+            raise SetupError(f"prove memory.max under {root}: could not clean up: {proof.leftover}")
+        if not proof.ok:
+            raise SetupError(f"prove memory.max under {root}: {proof.what}")
 
     def run(self) -> SetupResult:
         self.check_allowed()
@@ -230,8 +188,7 @@ class Setup:
         controllers = self.enable(self.mount)
         root = self.mount / "tasks"
         self._mkdir(root)
-        self.enable(root)
-        self.prove(root)
+        self.prove(root, self.enable(root))
         return SetupResult(self.mount, root, moved, controllers, remounted)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -23,10 +24,16 @@ from pathlib import Path
 from probes import cancel, owner
 from probes.run import Completed, run
 from runners.cgroup_setup import ENV_ROOT
+from runners.errors import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from runners.witness_args import WitnessOptions
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TAG = "sandbox-conformance:local"
+# Debootstraps a Debian base from the host's apt mirror and imports it into the engine: the way on
+# for a machine that reaches a mirror but no container registry.
+BASE_SCRIPT = REPO / "scripts" / "docker-base-image"
+PULL_TIMEOUT = 600.0
+BUILD_TIMEOUT = 1800.0
 NAME_PREFIX = "sandbox-conformance-"  # + the owner's stamp (probes/owner.py) + 8 hex
 # The Dockerfile's unprivileged user and the venv it prepares (keep in step with the Dockerfile).
 IMAGE_USER = "sbxc"
@@ -46,6 +53,10 @@ SETUP_TIMEOUT = 60
 
 class ContainerError(Exception):
     """The container could not be prepared (build, start, install): nothing was tested."""
+
+    def __init__(self, message: str, ways_on: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.ways_on = tuple(ways_on)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,11 +260,11 @@ class Leg:
 
 def combine(legs: Sequence[Leg]) -> int:
     """Both verdicts count: any red is red (1), then bad input (2), then did-not-run (75)."""
-    codes = [1 if leg.returncode is None else leg.returncode for leg in legs]
-    for wanted in (1, 2, 75):
+    codes = [EXIT_FAIL if leg.returncode is None else leg.returncode for leg in legs]
+    for wanted in (EXIT_FAIL, EXIT_USAGE, EXIT_UNAVAILABLE):
         if wanted in codes:
             return wanted
-    return 0 if codes and all(c == 0 for c in codes) else 1
+    return EXIT_OK if codes and all(c == EXIT_OK for c in codes) else EXIT_FAIL
 
 
 def _check(c: Completed, what: str) -> Completed:
@@ -263,9 +274,63 @@ def _check(c: Completed, what: str) -> Completed:
     return c
 
 
-def build_image(engine: Engine, *, tag: str, base: str | None, timeout: float) -> str:
-    c = run(build_argv(engine, tag=tag, base=base), timeout=timeout, env=engine.env)
-    _check(c, f"{engine.kind} build of {REPO / 'Dockerfile'}")
+_ARG_BASE = re.compile(r"^\s*ARG\s+BASE=(\S+)\s*$", re.MULTILINE | re.IGNORECASE)
+
+
+def dockerfile_base(dockerfile: Path) -> str | None:
+    """The Dockerfile's default BASE (`ARG BASE=debian:bookworm-slim`), or None without one."""
+    try:
+        m = _ARG_BASE.search(dockerfile.read_text())
+    except OSError:
+        return None
+    return m[1] if m else None
+
+
+def has_image(engine: Engine, name: str) -> bool:
+    """`image inspect` exits 0 only for an image in the engine's local store (docker and podman alike):
+    asked before a build, so an offline machine learns what is missing before a build fails on it."""
+    return run([engine.path, "image", "inspect", "--format", "{{.Id}}", name], timeout=60,
+               env=engine.env).ok
+
+
+def base_ways_on(engine: Engine) -> tuple[str, ...]:
+    return (f'--base-image "$({BASE_SCRIPT} --engine {engine.kind})": debootstrap a Debian bookworm base '
+            f"from this host's apt mirror and import it into {engine.kind} (no registry needed; root)",
+            f"--base-image NAME: a Debian-based image already on the engine (`{engine.kind} images`)",
+            "--image NAME: an image already built from this Dockerfile")
+
+
+def ensure_base(engine: Engine, base: str | None, *, say: Callable[[str], None],
+                dockerfile: Path = REPO / "Dockerfile") -> None:
+    """The build's base image on the engine, pulled first if it is not there: a pull that fails
+    (no registry reachable) is a refusal naming `--base-image` and the script that makes one offline,
+    instead of a build failing with the registry's error."""
+    name = base or dockerfile_base(dockerfile)
+    if name is None or has_image(engine, name):
+        return
+    say(f"container: pulling {name} (not on the {engine.kind} engine yet)")
+    c = run([engine.path, "pull", name], timeout=PULL_TIMEOUT, env=engine.env)
+    if c.ok:
+        return
+    why = (f"timed out after {PULL_TIMEOUT:.0f}s" if c.timed_out
+           else c.stderr_tail(1) or f"exit {c.returncode}")
+    which = "the base image" if base else "the Dockerfile's base image"
+    raise ContainerError(f"{which} {name} is not on the {engine.kind} engine and pulling it failed "
+                         f"(is a registry reachable from here?): {why}", base_ways_on(engine))
+
+
+def build_image(engine: Engine, *, base: str | None, say: Callable[[str], None], tag: str = DEFAULT_TAG,
+                timeout: float = BUILD_TIMEOUT, repo: Path = REPO) -> str:
+    """The repository's Dockerfile built as `tag` on `base` (None: the Dockerfile's default)."""
+    dockerfile = repo / "Dockerfile"
+    if not dockerfile.is_file():
+        raise ContainerError(f"no Dockerfile at {repo}: container mode needs the checkout",
+                             ("--image NAME: an image already built from the project's Dockerfile",))
+    ensure_base(engine, base, say=say, dockerfile=dockerfile)
+    shown = base or dockerfile_base(dockerfile) or "the Dockerfile's default"
+    say(f"container: building {tag} with {engine.kind} (BASE={shown})")
+    c = run(build_argv(engine, tag=tag, base=base, repo=repo), timeout=timeout, env=engine.env)
+    _check(c, f"{engine.kind} build of {dockerfile}")
     return tag
 
 

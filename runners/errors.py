@@ -1,18 +1,23 @@
-"""The one exit path for usage errors and refusals. Only CLI code calls these."""
+"""Exit codes, and the two exceptions CLI code raises for bad input and refusals: runners/cli.py
+turns them into exit 2 and 75 with one line (and the ways on), so no subcommand prints a traceback."""
 
 from __future__ import annotations
 
 import os
 import pwd
-import sys
+import signal
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
 EXIT_OK = 0
-EXIT_FAIL = 1
-EXIT_USAGE = 2
-EXIT_DID_NOT_RUN = 75  # EX_TEMPFAIL (sysexits.h): nothing was tested; not a red suite
+EXIT_FAIL = 1  # the suite (or a tier) ran and went red, or gave no verdict
+EXIT_USAGE = 2  # bad input: one line, nothing ran
+EXIT_UNAVAILABLE = 75  # EX_TEMPFAIL (sysexits.h): nothing was tested here; not a red suite
+EXIT_DID_NOT_RUN = EXIT_UNAVAILABLE  # the older name, still imported by modules other than runners'
+# Stopped by a signal (docs/cancellation.md): the shell's 128 + N, which probes/cancel.py exits with.
+EXIT_SIGHUP = 128 + signal.SIGHUP  # 129
+EXIT_SIGINT = 128 + signal.SIGINT  # 130
+EXIT_SIGTERM = 128 + signal.SIGTERM  # 143
 
 
 class UsageError(Exception):
@@ -38,20 +43,6 @@ def check_as_user(name: str | None, *, how: str = "tasks are launched through se
         pwd.getpwnam(name)
     except KeyError:
         raise UsageError(f"--as-user: no such user {name!r}") from None
-
-
-def die(message: str, *, hint: str | None = None) -> NoReturn:
-    print(f"sandbox-conformance: {message}", file=sys.stderr)
-    if hint:
-        print(f"  hint: {hint}", file=sys.stderr)
-    sys.exit(EXIT_USAGE)
-
-
-def refuse(reason: str, *, ways_on: Sequence[str] = ()) -> NoReturn:
-    print(f"sandbox-conformance: refused: {reason}", file=sys.stderr)
-    for way in ways_on:
-        print(f"  way on: {way}", file=sys.stderr)
-    sys.exit(EXIT_DID_NOT_RUN)
 
 
 def check_writable(flag: str, value: str) -> None:

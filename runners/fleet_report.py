@@ -126,8 +126,9 @@ def _probes(doc: Any) -> dict[str, ProbeCell]:
     for f in findings if isinstance(findings, list) else []:
         if not isinstance(f, dict) or not f.get("probe"):
             continue
-        facts = f.get("facts") if isinstance(f.get("facts"), dict) else {}
-        out[str(f["probe"])] = ProbeCell(_text(f, "verdict") or "unknown", str(facts.get("cause") or ""),
+        facts = f.get("facts")
+        cause = facts.get("cause") if isinstance(facts, dict) else None
+        out[str(f["probe"])] = ProbeCell(_text(f, "verdict") or "unknown", str(cause or ""),
                                          _text(f, "reason"))
     return out
 
@@ -371,9 +372,9 @@ def junit(host: Host) -> str:
              f"{cell.verdict}" + (f" ({cell.cause})" if cell.cause else "") + f": {cell.reason}")
     kind = {"passed": None, "failed": "failure", "refused": "skipped"}.get(host.status, "error")
     case("run", "witness", kind, f"{host.status}: {host.why or host.verdict_line}")
-    for label, cell in host.promises.items():
-        kind = {"kept": None, "BROKEN": "failure"}.get(cell.verdict, "skipped")
-        case("promise", label, kind, f"{cell.verdict}: {cell.detail}")
+    for label, promise in host.promises.items():
+        kind = {"kept": None, "BROKEN": "failure"}.get(promise.verdict, "skipped")
+        case("promise", label, kind, f"{promise.verdict}: {promise.detail}")
     for key, tag in (("tests", None), ("failures", "failure"), ("errors", "error"), ("skipped", "skipped")):
         n = len(cases) if tag is None else sum(1 for c in cases if c.find(tag) is not None)
         suite.set(key, str(n))

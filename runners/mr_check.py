@@ -12,7 +12,9 @@ Exit: 0 not sandbox-touching, or every touched tier ran green; 1 a tier went red
 verdict); 2 usage or input error (no configuration, a bad or unknown key, not a repository, unknown
 base, a shallow clone without the merge-base), one line;
 75 a touched tier could not run here: the handover paragraph names the files, the tier, the exact
-command and why. Never 0 for a sandbox-touching change whose tier did not run.
+command and why. Never 0 for a sandbox-touching change whose tier did not run. Stopped by SIGTERM,
+SIGINT or SIGHUP: the tier under way is stopped in order (runners/mr_tiers.py), its runner's own
+KILLED line is printed, then ours, and the exit is 143, 130 or 129 (docs/cancellation.md).
 """
 
 from __future__ import annotations

@@ -169,11 +169,14 @@ def parse_tier(raw: Any, where: str) -> Tier:
     if not isinstance(run, dict):
         raise ConfigError(f"{rwhere}: expected a table like "
                           f"{{ kind = \"witness\", profile = ..., launcher = ... }}")
+    raw_kind = run.get("kind")
     try:
-        kind = TierKind(run.get("kind"))
+        kind = TierKind(raw_kind) if isinstance(raw_kind, str) else None
     except ValueError:
+        kind = None
+    if kind is None:
         raise ConfigError(f"{rwhere}.kind: expected one of {', '.join(TierKind)}, "
-                          f"got {run.get('kind')!r}") from None
+                          f"got {raw_kind!r}")
     unknown = sorted(set(run) - _RUN_KEYS[kind])
     if unknown:
         raise ConfigError(f"{rwhere}.{unknown[0]}: unknown key for kind {kind!s} "
@@ -222,8 +225,8 @@ def parse(doc: Mapping[str, Any], source: Path, *, whole_file: bool) -> Config:
     unknown = _unknown(table or {}, _TABLE_KEYS)
     if unknown:
         where = f"[{prefix}]" if prefix else "the top level"
-        tiers = f"{prefix}.tiers" if prefix else "tiers"
-        raise ConfigError(f"{source}: unknown key in {where}: {unknown}: expected only [[{tiers}]], "
+        tiers_key = f"{prefix}.tiers" if prefix else "tiers"
+        raise ConfigError(f"{source}: unknown key in {where}: {unknown}: expected only [[{tiers_key}]], "
                           f"and a gate with a typo would be silently off")
     if table is None or "tiers" not in table:
         raise MissingConfig(

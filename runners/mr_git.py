@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-from collections.abc import Sequence
 from pathlib import Path
 
 from probes.run import Completed, Runner, minimal_env, run
@@ -242,7 +241,3 @@ def files_at_head(root: Path, runner: Runner = run) -> list[str]:
     """Every file in HEAD's tree, repository-relative (for the dead-glob warning)."""
     out = Git(root, runner).ok("ls-tree", "-r", "-z", "--name-only", "--full-tree", "HEAD")
     return [p for p in out.split("\0") if p]
-
-
-def touched_paths(changes: Sequence[Change]) -> list[str]:
-    return sorted({p for c in changes for p in c.paths})

@@ -41,7 +41,7 @@ def _component(part: str, pattern: str) -> str:
             if "/" in body:
                 raise GlobError(f"'/' inside a character class in glob {pattern!r}")
             body = body.replace("\\", "\\\\").replace("^", "\\^")
-            out.append(f"[{'^' if negate else ''}{body}]" if not negate else f"[^/{body}]")
+            out.append(f"[^/{body}]" if negate else f"[{body}]")
             i = end
         else:
             out.append(re.escape(c))

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from runners.errors import EXIT_OK
 from runners.mr_config import Tier
 from runners.mr_git import Change, Changes, Source
 from runners.mr_globs import matches
@@ -129,7 +130,7 @@ def overall(results: Sequence[TierResult]) -> Outcome:
 
 
 def exit_code(report: Report) -> int:
-    return overall(report.results).exit_code if report.touched else 0
+    return overall(report.results).exit_code if report.touched else EXIT_OK
 
 
 def _short(sha: str) -> str:

@@ -1,8 +1,12 @@
 """Run one tier for mr-check through the runner, so the same modes and the same refusals apply.
 
 - witness / cgroup tiers: `sandbox-conformance run [--mode M] [witness options] [-- pytest args]` as a
-  subprocess; its exit code is the contract (0 green, 1 red, 2 bad input, 75 did not run) and its
-  refusal lines (`... run: refused: REASON`, `  way on: ...`) are the handover's "why".
+  subprocess; its exit code is the contract (0 green, 1 red, 2 bad input, 75 did not run), and the
+  document it writes for `--verdict-json` (runners/run_verdict.py; here through its environment form)
+  gives the verdict line, the refusal's reason and ways on: the handover's "why", read as data,
+  never parsed from its prose.
+  The runner is our own child: on a cancellation it gets SIGTERM and stops in order
+  (docs/cancellation.md), and SIGTERM is also its parent-death signal if mr-check is SIGKILLed.
 - command tiers: the runner's own decision (`runners.decide.decide` over the same probes `run`
   collects) gates the user's command; a refusal there is a refusal here. The command then runs on
   this host from the repository root: `--mode container|vm` says where the runner puts the witness
@@ -20,19 +24,25 @@ import functools
 import os
 import re
 import shlex
+import signal
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import TypedDict
 
+from probes import cancel, owner
 from probes.finding import Finding
 from probes.run import Completed, Runner, run
+from runners import run_verdict
+from runners.errors import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from runners.mr_config import Tier, TierKind
+from runners.run_verdict import RunVerdict
 
 PROG = "sandbox-conformance"
-RUN_PREFIX = f"{PROG} run:"
-REFUSED_PREFIX = f"{RUN_PREFIX} refused: "
-WAY_ON = "way on:"
-VERDICT_PREFIX = f"{PROG}: "
+# The scratch directory a runner tier's verdict document is written to, with the owner's stamp so a
+# SIGKILLed mr-check's is swept by the next run (probes/owner.py SWEPT_PREFIXES).
+SCRATCH_PREFIX = "sbxc-mr-check."
 MODE_ENV = "SANDBOX_CONFORMANCE_MODE"  # runners/run_cmd.py reads the same variable
 TAIL_LINES = 20
 FAILURE_LINES = 30   # promise lines kept for a red tier; the rest are counted
@@ -54,8 +64,8 @@ class Outcome(enum.StrEnum):
 
     @property
     def exit_code(self) -> int:
-        return {Outcome.passed: 0, Outcome.failed: 1, Outcome.error: 1, Outcome.refused: 75,
-                Outcome.usage: 2}[self]
+        return {Outcome.passed: EXIT_OK, Outcome.failed: EXIT_FAIL, Outcome.error: EXIT_FAIL,
+                Outcome.refused: EXIT_UNAVAILABLE, Outcome.usage: EXIT_USAGE}[self]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,8 +146,8 @@ def effective_mode(mode: str | None, environ: Mapping[str, str]) -> str | None:
     return mode or environ.get(MODE_ENV) or None
 
 
-def runner_env() -> dict[str, str]:
-    """The environment for the runner: ours, unfiltered.
+def runner_env(verdict_file: Path | None = None) -> dict[str, str]:
+    """The environment for the runner: ours, unfiltered, plus where it writes its verdict document.
 
     Unlike a probe, the runner must see everything the user set: SANDBOX_CONFORMANCE_* (mode,
     deployment signature, cgroup root), DOCKER_HOST, XDG_RUNTIME_DIR. Filtering them would hide a
@@ -150,6 +160,13 @@ def runner_env() -> dict[str, str]:
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if here not in parts:
         env["PYTHONPATH"] = os.pathsep.join([here, *parts])
+    # The environment form of --verdict-json: a scratch file of ours, read back for the tier's result.
+    # Not in the argv: it changes nothing the run checks (the printed command is the same), and a
+    # sweep kills a process whose command line names a dead owner's directory (probes/owner.py), which
+    # a runner outliving a SIGKILLed mr-check by its orderly stop would be.
+    env.pop(run_verdict.ENV, None)
+    if verdict_file is not None:
+        env[run_verdict.ENV] = str(verdict_file)
     return env
 
 
@@ -218,7 +235,20 @@ def _denoise(lines: Iterable[str], *, drop_ids: bool) -> list[str]:
     return out
 
 
-def _report(done: Completed) -> dict[str, tuple[str, ...]]:
+class _Report(TypedDict):
+    """TierResult's fields for a run that did not pass, passed on as keywords."""
+    failures: tuple[str, ...]
+    output_tail: tuple[str, ...]
+
+
+class _Common(TypedDict, total=False):
+    """TierResult's fields every outcome of one run shares, passed on as keywords."""
+    runner_verdict: str | None
+    exit_code: int | None
+    seconds: float
+
+
+def _report(done: Completed) -> _Report:
     """failures and output_tail for a run that did not pass: failures lead, the tail repeats none."""
     lines = _lines(done)
     failures = failure_lines(lines)
@@ -229,29 +259,17 @@ def _report(done: Completed) -> dict[str, tuple[str, ...]]:
     return {"failures": failures, "output_tail": tuple(_clip(x) for x in tail[-keep:])}
 
 
-def parse_runner_stderr(stderr: str) -> tuple[str | None, tuple[str, ...], str | None]:
-    """(refusal reason, ways on, last verdict line) from the runner's stderr."""
-    reason: str | None = None
-    ways: list[str] = []
-    verdict: str | None = None
-    for line in stderr.splitlines():
-        if line.startswith(REFUSED_PREFIX) and reason is None:
-            reason = line[len(REFUSED_PREFIX):].strip()
-            continue
-        # `  way on: X` (runners/cli.py) or `sandbox-conformance run:   way on: X` (run_cmd's own lines).
-        body = line.removeprefix(RUN_PREFIX).strip()
-        if body.startswith(WAY_ON) and reason is not None:
-            ways.append(body[len(WAY_ON):].strip())
-        elif line.startswith(VERDICT_PREFIX) and line[len(VERDICT_PREFIX):].split(" ", 1)[0] in (
-                "PASS", "FAIL", "REFUSED", "ERROR"):
-            verdict = line.strip()
-    return reason, tuple(ways), verdict
-
-
-def classify_runner(done: Completed) -> TierResult:
-    """Pure: the runner's Completed -> the tier's result. Anything but exit 0 is not green."""
-    reason, ways, verdict = parse_runner_stderr(done.stderr)
-    common = {"runner_verdict": verdict, "exit_code": done.returncode, "seconds": done.seconds}
+def classify_runner(done: Completed, doc: RunVerdict | None) -> TierResult:
+    """Pure: the runner's Completed and its verdict document (None when it wrote none: it died, or
+    timed out, before its end) -> the tier's result. The exit code decides; the document says why.
+    Anything but exit 0 is not green, whatever a document says; one whose exit is not the runner's
+    (it was killed after writing it) is not read at all."""
+    if doc is not None and doc.exit != done.returncode:
+        doc = None
+    reason = doc.reason if doc is not None else None
+    ways = doc.ways_on if doc is not None else ()
+    verdict = doc.line if doc is not None else None
+    common: _Common = {"runner_verdict": verdict, "exit_code": done.returncode, "seconds": done.seconds}
     if done.timed_out:
         return TierResult(Outcome.error, f"the runner timed out after {done.seconds:.0f}s and was killed",
                           **_report(done), **common)
@@ -265,6 +283,9 @@ def classify_runner(done: Completed) -> TierResult:
             return TierResult(Outcome.failed, verdict or last, **_report(done), **common)
         case 75:
             return TierResult(Outcome.refused, reason or last, ways, **common)
+        case 2 if reason:
+            return TierResult(Outcome.usage, f"the runner rejected the tier's options: {reason}",
+                              **_report(done), **common)
         case 2:
             return TierResult(Outcome.usage, f"the runner rejected the tier's options: {last}",
                               **_report(done), **common)
@@ -272,6 +293,13 @@ def classify_runner(done: Completed) -> TierResult:
             return TierResult(Outcome.error, f"the runner exited {done.returncode}: {last}",
                               **_report(done), **common)
 
+
+# Every child of mr-check (the runner, a prepare step, a command tier) gets SIGTERM, not SIGKILL, as its
+# parent-death signal: killed with SIGKILL, mr-check runs no handler, and a runner child told SIGTERM
+# still stops in order (its witness child, container or VM, its layouts); the guardian SIGKILLs what
+# is left after its grace (probes/guardian.py). On SIGTERM/SIGINT/SIGHUP, probes.run stops each child
+# group the same way: SIGTERM, probes.run.STOP_GRACE, SIGKILL.
+run_child: Runner = functools.partial(run, die_with=signal.SIGTERM)
 
 CgroupProbe = Callable[[], Finding]
 
@@ -305,7 +333,7 @@ def cgroup_refusal(tier: Tier, mode: str | None, finding: Finding) -> TierResult
             "witnesses could only skip")
 
 
-def run_prepare(tier: Tier, root: Path, runner: Runner = run) -> TierResult | None:
+def run_prepare(tier: Tier, root: Path, runner: Runner = run_child) -> TierResult | None:
     """The tier's prepare step, from the repository root, in the user's environment: None when it
     succeeded (or there is none), else the tier's result: red, with the step's output."""
     if not tier.prepare:
@@ -314,13 +342,14 @@ def run_prepare(tier: Tier, root: Path, runner: Runner = run) -> TierResult | No
     if done.ok:
         return None
     what = f"prepare `{shlex.join(tier.prepare)}`"
-    common = {"exit_code": done.returncode, "seconds": done.seconds, **_report(done)}
+    common: _Common = {"exit_code": done.returncode, "seconds": done.seconds}
+    report = _report(done)
     if done.timed_out:
         return TierResult(Outcome.error, f"{what} timed out after {done.seconds:.0f}s and was killed",
-                          **common)
+                          **common, **report)
     if done.not_found:
-        return TierResult(Outcome.failed, f"{what} cannot start: {done.stderr.strip()}", **common)
-    return TierResult(Outcome.failed, f"{what} exited {done.returncode}", **common)
+        return TierResult(Outcome.failed, f"{what} cannot start: {done.stderr.strip()}", **common, **report)
+    return TierResult(Outcome.failed, f"{what} exited {done.returncode}", **common, **report)
 
 
 # --- command tiers -------------------------------------------------------------------------------
@@ -372,7 +401,7 @@ def command_env(tier: Tier) -> dict[str, str]:
     return {**os.environ, **tier.env}
 
 
-def run_command_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = run,
+def run_command_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = run_child,
                      gate: GateFn = runner_gate) -> TierResult:
     g = gate(host_mode(mode, os.environ))
     if g.mode is None:
@@ -397,7 +426,7 @@ def run_command_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = 
 
 
 def classify_command(done: Completed) -> TierResult:
-    common = {"exit_code": done.returncode, "seconds": done.seconds}
+    common: _Common = {"exit_code": done.returncode, "seconds": done.seconds}
     if done.not_found:
         return TierResult(Outcome.refused, f"the command cannot start on this host: {done.stderr.strip()}",
                           ("install what it needs, or run it where it is installed",), **common)
@@ -409,7 +438,7 @@ def classify_command(done: Completed) -> TierResult:
     return TierResult(Outcome.failed, f"the command exited {done.returncode}", **_report(done), **common)
 
 
-def run_runner_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = run,
+def run_runner_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = run_child,
                     cgroup_probe: CgroupProbe = cgroup_delegation, gate: GateFn = runner_gate) -> TierResult:
     if tier.kind is TierKind.cgroup:
         refused = cgroup_refusal(tier, effective_mode(mode, os.environ), cgroup_probe())
@@ -424,11 +453,34 @@ def run_runner_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = r
     failed = run_prepare(tier, root, runner)
     if failed is not None:
         return failed
-    done = runner(runner_argv(tier, mode), timeout=tier.timeout, env=runner_env(), cwd=str(root))
-    return classify_runner(done)
+    owner.sweep_once()  # before our first stamped directory: what a SIGKILLed run left
+    try:
+        scratch = tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{owner.stamp()}.")
+    except OSError:
+        # No writable temp directory (a read-only host, as inside an agent's sandbox), so nowhere for
+        # the runner's verdict document: its decision asked here says why it would refuse, and a run
+        # past it is judged by its exit code and output alone.
+        if not tier.prepare and (g := gate(mode)).mode is None:
+            return TierResult(Outcome.refused, g.reasons[0] if g.reasons else "the runner refused", g.ways_on)
+        done = runner(runner_argv(tier, mode), timeout=tier.timeout, env=runner_env(), cwd=str(root))
+        return classify_runner(done, None)
+    with scratch:
+        verdict_file = Path(scratch.name, "verdict.json")
+        try:
+            done = runner(runner_argv(tier, mode), timeout=tier.timeout, env=runner_env(verdict_file),
+                          cwd=str(root))
+        except cancel.Cancelled:
+            # probes.run has stopped the runner (SIGTERM, its grace, SIGKILL) before re-raising: say how
+            # it ended, as `run` shows its witness child's line, before this command's own KILLED line.
+            stopped = run_verdict.read(verdict_file)
+            print(f"{PROG} mr-check: tier {tier.name}: "
+                  + (stopped.line if stopped else "the runner ended without a verdict (killed)"),
+                  file=sys.stderr, flush=True)
+            raise
+        return classify_runner(done, run_verdict.read(verdict_file))
 
 
-def run_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = run,
+def run_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = run_child,
              gate: GateFn = runner_gate) -> TierResult:
     if tier.kind is TierKind.command:
         return run_command_tier(tier, root, mode, runner, gate)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
+from conformance.settings import FINDINGS_ENV, GUARD_PROBES, handover
+from probes.finding import Finding
 from probes.run import run
 from runners.witness_args import WitnessOptions
 
@@ -36,12 +38,45 @@ def delegate_argv(run_argv: Sequence[str], *, systemd_run: str, python: str = sy
     stdout/stderr and the exit status still flow back (systemd-run(1))."""
     return [systemd_run, "--user", "--quiet", "--collect", "-p", "Delegate=yes", "--pipe", "--wait",
             f"--setenv={DELEGATED_ENV}=1", f"--working-directory={os.getcwd()}",
-            "--", python, "-m", "runners.cli", "run", *run_argv]
+            "--", *(unit_literal(a) for a in ("/bin/sh", "-c", ENTER_SUPERVISOR, "sh", python, "-m",
+                                               "runners.cli", "run", *run_argv))]
 
 
-def run_native(options: WitnessOptions, *, timeout: float,
-               environ: Mapping[str, str] | None = None) -> int | None:
+def unit_literal(arg: str) -> str:
+    """An argument systemd passes on as written: the manager expands `$NAME` and `${NAME}` in every
+    command line it starts, transient ones included, and `$$` is a literal `$` (systemd.service(5),
+    "Command lines"; systemd-run only gained --expand-environment=no in 254, Debian 12 has 252).
+    Unescaped, the shell below lost every variable (observed: the move never happened)."""
+    return arg.replace("$", "$$")
+
+
+# The unit's cgroup is the delegated root, and the rerun starts in it: cgroup v2's "no internal
+# processes" rule then refuses to enable memory/pids for its children (EBUSY, observed with systemd
+# 252 on a real kernel, tests/test_host_shape_lab.py), so the cgroup witnesses could never run. The
+# rerun moves itself into a `supervisor/` child first and enables memory and pids for the root's
+# children, as runners/cgroup_setup.py does in the VM and container modes (systemd >= 254 does the
+# move with DelegateSubgroup=); the probe's root stays the unit (probes/cgroup.py resolve_root), and
+# the tasks' leaves are made beside supervisor/. A step that fails changes nothing else: the probe
+# then says why.
+ENTER_SUPERVISOR = (
+    'while IFS= read -r line; do case "$line" in 0::*) own="${line#0::}" ;; esac; done < /proc/self/cgroup; '
+    'cg="/sys/fs/cgroup${own:-/nowhere}"; '
+    '{ mkdir -p "$cg/supervisor" && echo $$ > "$cg/supervisor/cgroup.procs" && '
+    'for c in memory pids; do echo "+$c" > "$cg/cgroup.subtree_control"; done; } 2>/dev/null; '
+    'exec "$@"'
+)
+
+
+def run_native(options: WitnessOptions, *, timeout: float, environ: Mapping[str, str] | None = None,
+               findings: Iterable[Finding] = ()) -> int | None:
+    """`findings`: what this run already probed, handed to the witness process so it does not probe
+    the same things again (conformance/settings.py: it re-probes where the user or the environment
+    they depend on differ)."""
     env = native_env(os.environ if environ is None else environ)
+    guard = [f for f in findings if f.probe in GUARD_PROBES]
+    if guard and options.as_user is None:
+        # Made in our environment, which native_env may have changed: the record says which.
+        env[FINDINGS_ENV] = handover(guard, as_user=None, environ=os.environ if environ is None else environ)
     # SIGTERM if we die: the witness run is ours and removes its own layout and leaves on the way out.
     return run(witness_argv(options), timeout=timeout, env=env, capture=False,
                die_with=signal.SIGTERM).returncode

@@ -12,26 +12,33 @@ reasons on stdout and runs nothing (exit 0, or 75 when the decision is a refusal
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import pwd
 import shutil
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
+from conformance import output
+from conformance.render import Format, refusal_markdown
 from probes import cancel
 from probes.collect import collect
 from probes.finding import Finding
 from probes.host import Host
 from probes.run import run
-from runners import container, native, vm_mode, witness_args
+from runners import container, native, run_verdict, vm_mode, witness_args
 from runners.decide import NEEDED, Decision, Mode, Request, decide
 from runners.errors import EXIT_DID_NOT_RUN, EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError, check_writable
+from runners.progress import Progress
 
 MODE_ENV = "SANDBOX_CONFORMANCE_MODE"
 PRINT_MODE_ENV = "SANDBOX_CONFORMANCE_PRINT_MODE"
 PROG = "sandbox-conformance run"
+
+# Seconds between "still running" lines of a long stage on a terminal (a VM run is silent for minutes).
+HEARTBEAT = 30.0
 
 VERDICTS = {EXIT_OK: "PASS", EXIT_FAIL: "FAIL", EXIT_DID_NOT_RUN: "REFUSED", EXIT_USAGE: "ERROR"}
 
@@ -49,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="container: the Dockerfile's BASE build argument (e.g. an imported debootstrap)")
     p.add_argument("--timeout", type=float, default=1800.0, metavar="SECONDS",
                    help="per witness run (default 1800)")
+    p.add_argument(run_verdict.FLAG, metavar="FILE", dest="verdict_json",
+                   help="write how the run ended as JSON, refusals included: verdict, mode, exit, reason, "
+                        f"ways on (or ${run_verdict.ENV}; docs/json-documents.md)")
     witness_args.add_arguments(p)
 
 
@@ -77,7 +87,11 @@ def _validate(args: argparse.Namespace, request: Request) -> None:
             raise UsageError(f"--as-user: no such user {args.as_user!r}") from None
     if args.timeout <= 0:
         raise UsageError("--timeout: expected a positive number of seconds")
-    for flag, value in (("--junitxml", args.junitxml), ("--json", args.json)):
+    output.check_arguments(args)  # --format, -v, --log: the witness command's own rules
+    if args.verdict_json == "-":
+        raise UsageError(f"{run_verdict.FLAG}: a file, not '-' (stdout carries the suite's own output)")
+    for flag, value in (("--junitxml", args.junitxml), ("--json", args.json),
+                        (run_verdict.FLAG, args.verdict_json)):
         if value is not None and value != "-":
             # The witness command's own check, before anything is probed or launched here.
             check_writable(flag, value)
@@ -97,11 +111,47 @@ def render(decision: Decision, requested: Mode) -> list[str]:
 
 class _Verdict:
     """Prints the one verdict line, whatever path the run leaves by (a cancelled run's is printed by
-    probes/cancel.py, with the mode known at that moment)."""
+    probes/cancel.py, with the mode known at that moment), and writes the same as JSON for
+    --verdict-json (runners/run_verdict.py), with the refusal's reason and ways on."""
 
-    def __init__(self, requested: Mode) -> None:
+    def __init__(self, requested: Mode, path: str | None = None) -> None:
         self.started = time.monotonic()
+        self.requested = str(requested)
         self.mode = str(requested)
+        self.path = path
+        self.reason: str | None = None
+        self.because: tuple[str, ...] = ()
+        self.ways_on: tuple[str, ...] = ()
+        self.notes: tuple[str, ...] = ()
+
+    def say(self, line: str) -> None:
+        """_say, for the modes: the first refusal said is the run's reason."""
+        if self.reason is None and line.startswith("refused: "):
+            self.reason = line.removeprefix("refused: ")
+        _say(line)
+
+    def refused(self, reason: str, ways_on: Sequence[str] = ()) -> None:
+        self.say(f"refused: {reason}")
+        for w in ways_on:
+            self.say(f"  way on: {w}")
+        self.ways_on += tuple(ways_on)
+
+    def killed(self, exc: cancel.Cancelled) -> None:
+        """A cancelled run's document; probes/cancel.py prints its line once the clean-up is done."""
+        seconds = time.monotonic() - self.started
+        word = f"KILLED-{exc.name}"
+        self._write(word, exc.exit_code, seconds,
+                    f"sandbox-conformance: {word} mode={self.mode} exit={exc.exit_code} time={seconds:.1f}s")
+
+    def _write(self, word: str, code: int, seconds: float, line: str) -> None:
+        if self.path is None:
+            return
+        doc = run_verdict.RunVerdict(word, self.mode, self.requested, code, seconds, line, self.reason,
+                                     self.because, self.ways_on, self.notes)
+        try:
+            run_verdict.write(self.path, doc)
+        except OSError as e:
+            _say(f"{run_verdict.FLAG} {self.path}: not written: {e.strerror}")
 
     @property
     def mode(self) -> str:
@@ -114,8 +164,13 @@ class _Verdict:
 
     def done(self, code: int, word: str | None = None) -> int:
         word = word or VERDICTS.get(code, "ERROR")
-        print(f"sandbox-conformance: {word} mode={self.mode} exit={code} "
-              f"time={time.monotonic() - self.started:.1f}s", file=sys.stderr, flush=True)
+        if code == EXIT_DID_NOT_RUN and self.reason is None:
+            # The witness child refused on its own (its stderr is the user's, not ours to read).
+            self.reason = "the witness command did not run: its own `refused:` line above says why"
+        seconds = time.monotonic() - self.started
+        line = f"sandbox-conformance: {word} mode={self.mode} exit={code} time={seconds:.1f}s"
+        self._write(word, code, seconds, line)
+        print(line, file=sys.stderr, flush=True)
         return code
 
 
@@ -138,16 +193,40 @@ def findings_for(host: Host) -> list[Finding]:
     return collect(host, only=NEEDED)
 
 
+def _writable(value: str | None) -> str | None:
+    """--verdict-json's FILE when it can be written (else _validate says why, and no document is)."""
+    if value is None or value == "-":
+        return None
+    try:
+        check_writable(run_verdict.FLAG, value)
+    except UsageError:
+        return None
+    return value
+
+
 def main(args: argparse.Namespace) -> int:
-    environ = os.environ
     requested = Mode(args.mode) if args.mode in [m.value for m in Mode] else Mode.auto
-    verdict = _Verdict(requested)
+    if args.verdict_json is None:
+        # The environment form (mr-check's: a path in our argv would be a dead owner's directory that
+        # a sweep kills us for naming, probes/owner.py kill_naming); checked as the option is.
+        args.verdict_json = os.environ.get(run_verdict.ENV) or None
+    verdict = _Verdict(requested, _writable(args.verdict_json))
+    try:
+        return _main(args, verdict)
+    except cancel.Cancelled as e:
+        verdict.killed(e)  # the document first: runners/cli.py's cancel.finish prints the line
+        raise
+
+
+def _main(args: argparse.Namespace, verdict: _Verdict) -> int:
+    environ = os.environ
     try:
         request, print_mode = _request(args, environ)
         verdict.mode = str(request.mode)
         _validate(args, request)
     except UsageError as e:
         _say(str(e))
+        verdict.reason = str(e)
         return verdict.done(EXIT_USAGE)
 
     findings = {f.probe: f for f in findings_for(Host())}
@@ -156,6 +235,7 @@ def main(args: argparse.Namespace) -> int:
         print("\n".join(render(decision, request.mode)), flush=True)
         return EXIT_DID_NOT_RUN if decision.refused else EXIT_OK
 
+    verdict.notes = tuple(decision.notes)
     if decision.refused:
         _say(f"refused: {decision.reason}")
         for r in decision.reasons[1:]:
@@ -164,6 +244,9 @@ def main(args: argparse.Namespace) -> int:
             _say(f"  way on: {w}")
         for n in decision.notes:
             _say(f"note: {n}")
+        verdict.reason, verdict.because = decision.reason, tuple(decision.reasons[1:])
+        verdict.ways_on = tuple(decision.ways_on)
+        _markdown_refusal(args, verdict)
         return verdict.done(EXIT_DID_NOT_RUN)
 
     assert decision.mode is not None
@@ -174,13 +257,39 @@ def main(args: argparse.Namespace) -> int:
         _say(f"note: {n}")
 
     options = witness_args.WitnessOptions.from_args(args)
+    # pytest's report of every witness run goes to one log of ours unless -v or --log was given
+    # (conformance/output.py RunLog): removed when the run passes, named when it does not.
+    log = output.RunLog.choose(verbose=options.verbose, log=options.log)
+    if log.path is not None:
+        options = dataclasses.replace(options, log=str(log.path))
+    # On a terminal only: the run's start, heartbeat and end (runners/progress.py); each leg's
+    # start and end are said by the modes themselves.
+    stage = Progress(PROG).begin(f"{decision.mode} run", heartbeat=HEARTBEAT)
+
+    def ended(code: int) -> int:
+        stage.end(VERDICTS.get(code, "ERROR"))
+        for kept in log.finish(code):
+            _say(f"pytest's report: {kept}")
+        _markdown_refusal(args, verdict, code)
+        return verdict.done(code)
+
     if decision.mode is Mode.vm:
-        return verdict.done(vm_mode.run_vm(options, timeout=args.timeout, say=_say))
+        return ended(vm_mode.run_vm(options, timeout=args.timeout, say=verdict.say))
     if decision.mode is Mode.native:
         if decision.delegate:
-            return verdict.done(_run_delegated(args))
-        return verdict.done(_witness_code(native.run_native(options, timeout=args.timeout)))
-    return verdict.done(_run_container(args, options, findings.get("container_engine")))
+            return ended(_run_delegated(args, say=verdict.say))
+        return ended(_witness_code(native.run_native(options, timeout=args.timeout,
+                                                     findings=findings.values())))
+    return ended(_run_container(args, options, findings.get("container_engine"), verdict))
+
+
+def _markdown_refusal(args: argparse.Namespace, verdict: _Verdict, code: int = EXIT_DID_NOT_RUN) -> None:
+    """With --format markdown, the run's own refusal on stdout, to paste into a merge request (the
+    lines on stderr stay). A witness run that refused printed its own."""
+    if args.format == Format.markdown and code == EXIT_DID_NOT_RUN and verdict.reason is not None:
+        text = refusal_markdown(PROG, verdict.reason, because=verdict.because,
+                                ways_on=verdict.ways_on, notes=verdict.notes)
+        print("\n".join(text), flush=True)
 
 
 def _rerun_argv(args: argparse.Namespace) -> list[str]:
@@ -190,10 +299,10 @@ def _rerun_argv(args: argparse.Namespace) -> list[str]:
     return out + opts.argv()
 
 
-def _run_delegated(args: argparse.Namespace) -> int:
+def _run_delegated(args: argparse.Namespace, say: Callable[[str], None] = _say) -> int:
     systemd_run = shutil.which("systemd-run")
     if systemd_run is None:  # the probe found it a moment ago; say so rather than crash
-        _say("refused: systemd-run disappeared since the probe")
+        say("refused: systemd-run disappeared since the probe")
         return EXIT_DID_NOT_RUN
     argv = native.delegate_argv(_rerun_argv(args), systemd_run=systemd_run)
     _say("re-executing under " + " ".join(argv[:6]))
@@ -205,21 +314,13 @@ def _run_delegated(args: argparse.Namespace) -> int:
 
 
 def _run_container(args: argparse.Namespace, options: witness_args.WitnessOptions,
-                   engine_finding: Finding | None) -> int:
+                   engine_finding: Finding | None, verdict: _Verdict) -> int:
     engine = container.Engine.from_facts(engine_finding.facts if engine_finding else {}, os.environ)
     try:
-        image = args.image
-        if image is None:
-            if not (container.REPO / "Dockerfile").is_file():
-                raise container.ContainerError(f"no Dockerfile at {container.REPO}: container mode needs the "
-                                               "checkout (or --image NAME)")
-            _say(f"container: building {container.DEFAULT_TAG} with {engine.kind} "
-                 f"(BASE={args.base_image or 'the Dockerfile default'})")
-            image = container.build_image(engine, tag=container.DEFAULT_TAG, base=args.base_image,
-                                          timeout=1800)
+        image = args.image or container.build_image(engine, base=args.base_image, say=_say)
         legs = container.run_container(engine, options, image=image, timeout=args.timeout, say=_say)
     except container.ContainerError as e:
-        _say(f"refused: {e}")
+        verdict.refused(str(e), e.ways_on)
         return EXIT_DID_NOT_RUN
     for leg in legs:
         _say(f"container: as {leg.label}: {VERDICTS.get(_witness_code(leg.returncode), 'ERROR')}")

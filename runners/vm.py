@@ -17,7 +17,10 @@ slower than native):
   the same on both sides; the exchange lives in workdir/.sbxc-vm/ (runners/vm_stage2.py);
 - a fresh cgroup2 mount (nsdelegate) and `cgroup_no_v1=all`: cgroup2 is the only hierarchy;
 - no NIC, so no way out: `lo` is brought up by stage 2 and `dummy0` exists (both so the network
-  witnesses can go red there, see vm_stage2.loopback_up and vm_image.WANTED_MODULES).
+  witnesses can go red there, see vm_stage2.loopback_up and vm_image.WANTED_MODULES);
+- or, with `systemd=SystemdGuest()`, the host's systemd as PID 1 (its own cgroup2 mount, logind,
+  user managers) and stage 2 as one of its services: the shape of most users' hosts, for the
+  host-shape lab (tests/test_host_shape_lab.py).
 
 Chosen over virtme-ng: virtme-ng wants udev and real KVM (issue 5 measured about 18 s a boot here),
 and this host's /dev/kvm is a paravirtual KVM under which stock kernels die with "KVM internal error
@@ -83,12 +86,64 @@ class VmResult:
     wall_seconds: float  # qemu start to qemu exit, on the host
     accel: Accel
     console: str = ""  # the guest's serial console (kernel messages, /init failures)
+    hung_boots: int = 0  # boots killed by the watchdog before this result's
     error: str | None = None  # one line when exit_code is None
     timed_out: bool = False
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SystemdGuest:
+    """Boot the host's systemd as the guest's PID 1 (the host's / over 9p under a tmpfs overlay, as
+    always), and run the command as a unit of it once `wants` are up: a host shaped like most users'
+    (systemd, logind, user managers, a pure cgroup v2 tree that systemd itself mounts and delegates).
+
+    The boot goes to our own target, never multi-user.target: the host's enabled services
+    (databases, container engines) stay down unless listed in `wants`; `mask` keeps units down even
+    when something asks for them (docker.socket would start dockerd on a probe's connect)."""
+
+    wants: tuple[str, ...] = ("systemd-logind.service", "dbus.service")
+    mask: tuple[str, ...] = (
+        "docker.socket", "docker.service", "containerd.service", "timers.target",
+        "systemd-timesyncd.service", "getty.target",
+        # ConditionNeedsUpdate=/etc holds on a / that systemd never booted (no /etc/.updated): these
+        # would rebuild the hwdb, the ld.so cache and the journal catalog, minutes under TCG.
+        "systemd-hwdb-update.service", "ldconfig.service", "systemd-journal-catalog-update.service",
+        "systemd-update-done.service",
+        # No hardware to coldplug, and no device units are waited for (fstab=no).
+        "systemd-udev-trigger.service", "systemd-udevd.service", "systemd-udevd-control.socket",
+        "systemd-udevd-kernel.socket")
+    # systemd + udev + journald + logind over 9p under TCG: ~20-40 s here; a loaded host, more.
+    boot_budget: float = 240.0
+
+    TARGET = "sbxc-guest.target"
+    SERVICE = "sbxc-guest.service"
+
+    def kernel_args(self) -> list[str]:
+        # fstab=no: the host's /etc/fstab names the host's disks (systemd-fstab-generator(8)).
+        # systemd.mask=: systemd-debug-generator(8).
+        return ["sbxc_init=systemd", f"systemd.unit={self.TARGET}", "fstab=no",
+                "systemd.show_status=false", *(f"systemd.mask={u}" for u in self.mask)]
+
+    def units(self, workdir: Path) -> dict[str, str]:
+        """The target and the service that runs stage 2 (not as PID 1 here: it still writes the exit
+        code and powers the guest off, which is all the host waits for)."""
+        wants = " ".join((*self.wants, self.SERVICE))
+        target = (f"[Unit]\nDescription=sandbox-conformance VM guest\nRequires=basic.target\n"
+                  f"Wants={wants}\nAfter=basic.target\nAllowIsolate=yes\n")
+        after = " ".join(("basic.target", *self.wants))
+        service = (f"[Unit]\nDescription=sandbox-conformance VM guest command\nAfter={after}\n"
+                   f"[Service]\nType=exec\nExecStart=/usr/bin/python3 -I -S {workdir}/{CONTROL}/stage2.py "
+                   f"{workdir}\nStandardOutput=journal+console\nStandardError=journal+console\n")
+        return {f"/etc/systemd/system/{self.TARGET}": target, f"/etc/systemd/system/{self.SERVICE}": service,
+                # Debian's tmp.conf says `D /tmp`: empty /tmp at boot. Here /tmp is the host's (a CI
+                # clone, the workdir of a test may live there): keep it, as `d` does
+                # (tmpfiles.d(5); a file of the same name in /etc overrides /usr/lib's). Walking the
+                # host's /tmp over 9p to whiteout every entry was also most of the boot time.
+                "/etc/tmpfiles.d/tmp.conf": "d /tmp 1777 root root -\n"}
 
 
 # ---- pure parts ----
@@ -108,7 +163,7 @@ def check_workdir(workdir: Path) -> Path:
     return workdir
 
 
-def kernel_cmdline(workdir: Path, *, quiet: bool = False) -> str:
+def kernel_cmdline(workdir: Path, *, quiet: bool = False, extra: Sequence[str] = ()) -> str:
     parts = ["console=ttyS0",
              # PID 1 exiting or a panic must end qemu (-no-reboot), never leave it spinning.
              "panic=-1", "oops=panic",
@@ -116,14 +171,14 @@ def kernel_cmdline(workdir: Path, *, quiet: bool = False) -> str:
              "cgroup_no_v1=all",
              # No hardware to probe: skip what costs seconds under TCG.
              "tsc=reliable", "no_timer_check", "i8042.noaux", "i8042.nokbd",
-             f"sbxc_work={workdir}"]
+             f"sbxc_work={workdir}", *extra]
     if quiet:
         parts.insert(1, "quiet")
     return " ".join(p for p in parts if p)
 
 
 def qemu_argv(image: VmImage, workdir: Path, accel: Accel, *, memory_mb: int = MEMORY_MB, cpus: int = 2,
-              console: Path, as_root: bool = True) -> list[str]:
+              console: Path, as_root: bool = True, kernel_args: Sequence[str] = ()) -> list[str]:
     # passthrough keeps the host's real owners and modes visible in the guest (sbxc-test's files are
     # sbxc-test's), which needs qemu to run as root; "none" is the unprivileged equivalent that
     # simply does not chown.
@@ -140,7 +195,7 @@ def qemu_argv(image: VmImage, workdir: Path, accel: Accel, *, memory_mb: int = M
         "-smp", str(cpus),
         "-kernel", str(image.kernel),
         "-initrd", str(image.initramfs),
-        "-append", kernel_cmdline(workdir),
+        "-append", kernel_cmdline(workdir, extra=kernel_args),
         "-serial", f"file:{console}",
         # multidevs=remap: the host's / spans several filesystems; without it inode numbers collide.
         "-fsdev", f"local,id=hostroot,path=/,security_model={model},readonly=on,multidevs=remap",
@@ -166,12 +221,17 @@ def _tail(text: str, lines: int = 3) -> str:
 def run_in_vm(argv: Sequence[str], *, workdir: Path, timeout: float, env: Mapping[str, str] | None = None,
               cwd: str | None = None, image: VmImage | None = None, accel: Accel | None = None,
               memory_mb: int = MEMORY_MB, cpus: int = 2, runner: Runner = run,
-              live: tuple[IO[str], IO[str]] | None = None) -> VmResult:
+              live: tuple[IO[str], IO[str]] | None = None, systemd: SystemdGuest | None = None,
+              seed: Mapping[str, str] | None = None) -> VmResult:
     """Boot, run argv as root inside (cwd default "/"), power off. `timeout` bounds the command in
     the guest; qemu as a whole gets BOOT_BUDGET more and is killed with its process group after that.
     env: the command's whole environment (default: the minimal allowlist of probes.run).
     live: (out, err) streams that get the command's output as it is written (a long suite under TCG
-    must not look hung); the result still carries all of it."""
+    must not look hung); the result still carries all of it.
+    systemd: boot systemd as PID 1 (runners/vm.py SystemdGuest) and run the command as a unit of
+    it, instead of as stage 2's child with stage 2 as PID 1.
+    seed: {absolute guest path: text} laid over the guest's root before init starts (the tmpfs
+    upper layer takes them, never the host): config files a test needs in place at boot."""
     if not argv:
         raise VmError("empty argv")
     if shutil.which(QEMU) is None:
@@ -188,6 +248,17 @@ def run_in_vm(argv: Sequence[str], *, workdir: Path, timeout: float, env: Mappin
         request = {"argv": list(argv), "env": dict(env if env is not None else minimal_env()),
                    "cwd": cwd or "/", "timeout": timeout}
         (control / "request.json").write_text(json.dumps(request))
+        files = dict(seed or {})
+        kernel_args: list[str] = []
+        budget = BOOT_BUDGET
+        if systemd is not None:
+            files.update(systemd.units(workdir))
+            kernel_args = systemd.kernel_args()
+            budget = systemd.boot_budget
+        for path, text in files.items():
+            dest = control / "root" / path.lstrip("/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(text)
         console = control / "console.log"
         started = time.monotonic()
         follower = _Follow(control, live) if live else None
@@ -197,16 +268,17 @@ def run_in_vm(argv: Sequence[str], *, workdir: Path, timeout: float, env: Mappin
                 # A guest that never reaches stage2 is killed after BOOT_BUDGET and booted once more,
                 # instead of spinning until the whole timeout: seen once under TCG on a loaded host,
                 # qemu at 2 cores' worth of CPU with nothing on the console for 11 minutes.
-                watchdog = _BootWatchdog(control, workdir)
+                watchdog = _BootWatchdog(control, workdir, budget)
                 try:
                     done = runner(qemu_argv(image, workdir, accel, memory_mb=memory_mb, cpus=cpus,
-                                            console=console, as_root=os.geteuid() == 0),
-                                  timeout=timeout + BOOT_BUDGET, env=minimal_env())
+                                            console=console, as_root=os.geteuid() == 0,
+                                            kernel_args=kernel_args),
+                                  timeout=timeout + budget, env=minimal_env())
                 finally:
                     watchdog.stop()
                 if not watchdog.fired:
                     break
-                hung.append(BOOT_BUDGET)
+                hung.append(budget)
                 if attempt + 1 < BOOT_ATTEMPTS:
                     (control / f"console.hung-{attempt}.log").write_bytes(
                         console.read_bytes() if console.exists() else b"")
@@ -223,10 +295,10 @@ def run_in_vm(argv: Sequence[str], *, workdir: Path, timeout: float, env: Mappin
             stage2 = _read(control / "stage2.log") or ""
             if hung and len(hung) == BOOT_ATTEMPTS:
                 last = _tail(console_text) or "nothing on the console"
-                error = (f"the guest did not start the command within {BOOT_BUDGET:.0f} s of boot, "
+                error = (f"the guest did not start the command within {budget:.0f} s of boot, "
                          f"{BOOT_ATTEMPTS} times ({accel}): {last}")
             elif done.timed_out:
-                error = f"qemu killed after {timeout + BOOT_BUDGET:.0f} s ({accel}): no exit code"
+                error = f"qemu killed after {timeout + budget:.0f} s ({accel}): no exit code"
             elif done.not_found:
                 error = done.stderr.strip()
             else:
@@ -243,6 +315,7 @@ def run_in_vm(argv: Sequence[str], *, workdir: Path, timeout: float, env: Mappin
             console=console_text,
             error=error,
             timed_out=done.timed_out,
+            hung_boots=len(hung),
         )
     finally:
         shutil.rmtree(control, ignore_errors=True)

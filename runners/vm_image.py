@@ -29,6 +29,7 @@ import stat
 import struct
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -45,9 +46,11 @@ WANTED_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay", "dummy")
 
 # Busybox applets /init uses; each becomes a symlink to /bin/busybox in the initramfs.
 APPLETS = ("sh", "mount", "umount", "insmod", "mkdir", "cat", "echo", "switch_root", "poweroff",
-           "sleep", "tr", "grep", "cut")
+           "sleep", "tr", "grep", "cut", "cp", "rm")
 
 BUSYBOX = Path("/bin/busybox")
+# A replaced initramfs is kept this long for runs that loaded the image just before (refresh_initramfs).
+STALE_SECONDS = 3600
 META_PACKAGE = "linux-image-amd64"  # Debian's meta package: Depends names the current generic kernel
 
 # /init: PID 1 until switch_root. It must stay small and boring: any failure prints one line to the
@@ -62,8 +65,12 @@ for m in $(cat /modules.order); do
     insmod "/modules/$m.ko" || fail "insmod $m"
 done
 work=""
+init=stage2
 for arg in $(cat /proc/cmdline); do
-    case "$arg" in sbxc_work=*) work="${arg#sbxc_work=}" ;; esac
+    case "$arg" in
+        sbxc_work=*) work="${arg#sbxc_work=}" ;;
+        sbxc_init=*) init="${arg#sbxc_init=}" ;;
+    esac
 done
 [ -n "$work" ] || fail "no sbxc_work= on the kernel command line"
 # The host's / read-only (qemu exports it readonly=on as well), under a tmpfs upper layer: the guest
@@ -75,6 +82,29 @@ mount -t tmpfs -o mode=0755 tmpfs /upper || fail "mount tmpfs upper"
 mkdir -p /upper/data /upper/work
 mount -t overlay -o lowerdir=/lower,upperdir=/upper/data,workdir=/upper/work overlay /newroot \
     || fail "mount overlay"
+mkdir -p "/newroot$work"
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,rw work "/newroot$work" || fail "mount 9p work"
+# Files the host put under .sbxc-vm/root/ are laid over the guest's root (the tmpfs upper layer
+# takes them; the host never sees them): unit files for a systemd guest, a test's config.
+seed="/newroot$work/.sbxc-vm/root"
+if [ -d "$seed" ]; then cp -a "$seed/." /newroot/ || fail "seed the root from $seed"; fi
+# The initramfs' own /proc and /dev must go before switch_root: left behind, hidden under the new
+# root, they still count for the kernel's "is a fully visible procfs already mounted?" test
+# (fs/namespace.c mnt_already_visible walks every mount of the namespace, reachable or not), so a
+# masked /proc in the guest would never refuse a fresh procfs the way it does on a real host.
+if [ "$init" = systemd ]; then
+    # systemd as PID 1 mounts /proc, /sys, /dev, /run and a cgroup2 hierarchy itself (mount_setup);
+    # the units it starts come from the host's /etc and /lib plus the seeded ones.
+    # A stray /.dockerenv on the host's / (this machine kind's image has one) makes systemd
+    # believe it is in a Docker container (detect_container), and then it reads its options from
+    # its own argv instead of the kernel command line and skips what a VM's PID 1 does: the guest
+    # is a plain VM, so the marker goes from its view (a whiteout in the upper layer).
+    rm -f /newroot/.dockerenv
+    umount /dev 2>/dev/null
+    umount /proc || fail "umount the initramfs /proc"
+    exec switch_root /newroot /lib/systemd/systemd
+    fail "switch_root to systemd"
+fi
 mount -t proc proc /newroot/proc || fail "mount proc"
 mount -t sysfs sysfs /newroot/sys || fail "mount sysfs"
 # A fresh cgroup2 and nothing else (cgroup_no_v1=all on the command line): the pure v2 hierarchy the
@@ -87,8 +117,8 @@ mount -t devpts -o newinstance,ptmxmode=0666 devpts /newroot/dev/pts || fail "mo
 mount -t tmpfs -o mode=1777 tmpfs /newroot/dev/shm || fail "mount /dev/shm"
 # /run holds the host's live sockets and pid files: hide them behind an empty tmpfs.
 mount -t tmpfs -o mode=0755 tmpfs /newroot/run || fail "mount /run"
-mkdir -p "/newroot$work"
-mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,rw work "/newroot$work" || fail "mount 9p work"
+umount /dev 2>/dev/null
+umount /proc || fail "umount the initramfs /proc"
 # switch_root, not chroot: a chrooted process may not create user namespaces (unshare(2): EPERM
 # "the caller is in a chroot environment"), and bwrap needs them.
 exec switch_root /newroot /usr/bin/python3 -I -S "$work/.sbxc-vm/stage2.py" "$work"
@@ -362,7 +392,40 @@ def ensure_image(cache_root: Path | None = None, *, package: str | None = None,
         try:
             return load_image(directory)
         except ImageError:
-            return build_image(directory, package, runner=runner)
+            pass
+        refreshed = refresh_initramfs(directory)
+        return refreshed or build_image(directory, package, runner=runner)
+
+
+def refresh_initramfs(directory: Path, *, busybox: Path = BUSYBOX) -> VmImage | None:
+    """A stale initramfs next to a kernel and modules that still fit (INIT_SCRIPT, the applets or
+    busybox changed, the module list did not): write only a new initramfs, with no download. None
+    when the directory cannot be refreshed (no manifest, another module list, a file missing).
+    Earlier initramfs files stay a while: a run that loaded the image just before may be about to
+    hand one to qemu; those older than STALE_SECONDS go."""
+    try:
+        manifest = json.loads((directory / "manifest.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    files = [directory / "modules" / f"{n}.ko" for n in manifest.get("modules", [])]
+    if manifest.get("wanted") != list(WANTED_MODULES) or not files or not busybox.exists() \
+            or not all(f.exists() for f in files) or not (directory / manifest.get("kernel", "-")).exists():
+        return None
+    busybox_data = busybox.read_bytes()
+    if elf_has_interpreter(busybox_data):
+        return None
+    modules = [(f.stem, f.read_bytes()) for f in files]
+    name = initramfs_name(busybox_data, modules)
+    tmp = directory / f".{name}.tmp"
+    tmp.write_bytes(newc_archive(initramfs_entries(busybox_data, modules)))
+    tmp.rename(directory / name)
+    doc = directory / ".manifest.json.tmp"
+    doc.write_text(json.dumps({**manifest, "initramfs": name}, indent=1) + "\n")
+    doc.rename(directory / "manifest.json")
+    for old in directory.glob("initramfs-*.cpio"):
+        if old.name != name and time.time() - old.stat().st_mtime > STALE_SECONDS:
+            old.unlink(missing_ok=True)
+    return load_image(directory, busybox_data=busybox_data)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

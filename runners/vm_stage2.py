@@ -8,7 +8,8 @@ read-write 9p share of the host's WORKDIR:
   exit_code        written last (fsync + rename): its presence means the command ran to the end
   stage2.log       what this script itself saw (for the host's error message)
 As PID 1 it must also reap every orphan (init(1)'s job), and when it exits the kernel panics, so the
-normal end is reboot(2) with LINUX_REBOOT_CMD_POWER_OFF.
+normal end is reboot(2) with LINUX_REBOOT_CMD_POWER_OFF. In a systemd guest (runners/vm.py
+SystemdGuest) it runs as a service instead; the same power-off ends that guest too.
 """
 
 import contextlib
@@ -27,13 +28,21 @@ LINUX_REBOOT_CMD_POWER_OFF = 0x4321FEDC
 LINUX_REBOOT_CMD_RESTART = 0x01234567
 TIMED_OUT = 124  # timeout(1)'s convention
 
+# Annotations are for mypy only: the guest's python3 evaluates a def's annotations when the def runs,
+# so any that is not a plain builtin is a string, and `typing` is imported only under TYPE_CHECKING
+# (the convention of conformance/inside.py).
+TYPE_CHECKING = False  # mypy takes any name TYPE_CHECKING as true; the guest never runs this block
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
 
-def log(control, message):
+
+def log(control: str, message: str) -> None:
     with open(os.path.join(control, "stage2.log"), "a") as f:
         f.write(message + "\n")
 
 
-def write_exit_code(control, code):
+def write_exit_code(control: str, code: int) -> None:
     tmp = os.path.join(control, "exit_code.tmp")
     with open(tmp, "w") as f:
         f.write(f"{code}\n")
@@ -42,7 +51,7 @@ def write_exit_code(control, code):
     os.rename(tmp, os.path.join(control, "exit_code"))
 
 
-def loopback_up():
+def loopback_up() -> None:
     """Bring `lo` up (the kernel then gives it 127.0.0.1/8). Nothing else does in this guest, and
     with it down the network witnesses would be vacuous: the task could not reach the harness's
     127.0.0.1 listener even with a shared network namespace, so a broken sandbox would pass.
@@ -53,7 +62,7 @@ def loopback_up():
         fcntl.ioctl(s, siocsifflags, struct.pack("16sh22x", b"lo", flags | iff_up))
 
 
-def power_off():
+def power_off() -> None:
     os.sync()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.reboot(LINUX_REBOOT_CMD_POWER_OFF)
@@ -62,7 +71,7 @@ def power_off():
     time.sleep(5)
 
 
-def run(control, request):
+def run(control: str, request: "Mapping[str, Any]") -> int:
     env = dict(request.get("env") or {})
     env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
     env.setdefault("HOME", "/root")
@@ -102,7 +111,7 @@ def run(control, request):
             time.sleep(0.05)
 
 
-def main():
+def main() -> None:
     control = os.path.join(sys.argv[1], ".sbxc-vm")
     try:
         with open(os.path.join(control, "request.json")) as f:

@@ -44,11 +44,24 @@ def parse_leg(text: str) -> tuple[str, str | None]:
     return label, user or None
 
 
+def witness_argv(label: str, user: str | None, witness: Sequence[str], *,
+                 launch_timeout: float | None, python: str = sys.executable) -> list[str]:
+    """One leg's witness command. The launch timeout goes before the witness arguments, which may end
+    with `-- PYTEST ARGS`."""
+    return [python, "-m", "runners.cli", "witness",
+            *(["--timeout", str(launch_timeout)] if launch_timeout is not None else []),
+            *(["--as-user", user] if user else []),
+            *(a.replace("{label}", label) for a in witness)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runners.vm_suite")
     parser.add_argument("--leg", action="append", required=True, type=parse_leg)
     parser.add_argument("--summary", required=True, help="JSON file for the per-leg results")
     parser.add_argument("--timeout", type=float, default=3600.0, help="per leg")
+    parser.add_argument("--launch-timeout", type=float, default=None, metavar="SECONDS",
+                        help="per task launch, passed to the witness command (runners/vm_mode.py sizes it "
+                        "for the accelerator)")
     parser.add_argument("--controls", metavar="NAME,...", help="negative controls to run after the legs")
     parser.add_argument("--controls-json", metavar="FILE", help="where the controls' JSON goes")
     parser.add_argument("witness", nargs=argparse.REMAINDER)
@@ -56,7 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     witness = [a for a in args.witness]
     if witness[:1] == ["--"]:
         witness = witness[1:]
-    summary: dict[str, object] = {"kernel": os.uname().release, "legs": []}
+    legs: list[dict[str, object]] = []
+    summary: dict[str, object] = {"kernel": os.uname().release, "legs": legs}
     env = dict(os.environ)
     env.pop(ENV_ROOT, None)  # only a root this step proved is promised to the suite
     try:
@@ -72,16 +86,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sandbox-conformance vm: cgroup witnesses unavailable: {e}", file=sys.stderr, flush=True)
     codes: list[int | None] = []
     for label, user in args.leg:
-        leg_argv = [sys.executable, "-m", "runners.cli", "witness",
-                    *(["--as-user", user] if user else []),
-                    *(a.replace("{label}", label) for a in witness)]
+        leg_argv = witness_argv(label, user, witness, launch_timeout=args.launch_timeout)
         print(f"sandbox-conformance vm: witness suite as {label}", file=sys.stderr, flush=True)
         started = time.monotonic()
         # The whole process group goes on timeout (tasks, launchers), not just the witness command.
         rc = run(leg_argv, timeout=args.timeout, env=env, capture=False).returncode
         codes.append(rc)
-        summary["legs"].append({"label": label, "user": user, "returncode": rc,  # type: ignore[union-attr]
-                                "seconds": round(time.monotonic() - started, 1)})
+        legs.append({"label": label, "user": user, "returncode": rc,
+                     "seconds": round(time.monotonic() - started, 1)})
         print(f"sandbox-conformance vm: as {label}: " + ("timed out" if rc is None else f"exit {rc}"),
               file=sys.stderr, flush=True)
     if args.controls:

@@ -8,6 +8,8 @@ import argparse
 import dataclasses
 from collections.abc import Callable
 
+from conformance import output
+
 
 @dataclasses.dataclass(frozen=True)
 class WitnessOptions:
@@ -20,11 +22,18 @@ class WitnessOptions:
     require: bool = False
     expected_skips: str | None = None
     pytest_args: tuple[str, ...] = ()
+    # Output (conformance/output.py): None/False forward nothing, so the witness decides for itself
+    # (a table only where its own stdout is a terminal).
+    format: str | None = None
+    verbose: bool = False
+    log: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WitnessOptions:
         return cls(args.profile, args.adapter, args.launcher, args.as_user, args.junitxml, args.json,
-                   bool(args.require), args.expected_skips, tuple(args.pytest_args or ()))
+                   bool(args.require), args.expected_skips, tuple(args.pytest_args or ()),
+                   getattr(args, "format", None), bool(getattr(args, "verbose", False)),
+                   getattr(args, "log", None))
 
     def relocated(self, infile: Callable[[str, str], str],
                   outfile: Callable[[str, str], str]) -> WitnessOptions:
@@ -39,6 +48,7 @@ class WitnessOptions:
             expected_skips=each(infile, self.expected_skips, "expected-skips"),
             junitxml=each(outfile, self.junitxml, "junit"),
             json=each(outfile, self.json, "report"),
+            log=each(outfile, self.log, "log"),
             as_user=None,
         )
 
@@ -53,6 +63,12 @@ class WitnessOptions:
                 out += [flag, value]
         if self.require:
             out.append("--require")
+        if self.format is not None:
+            out += ["--format", self.format]
+        if self.verbose:
+            out.append("--verbose")
+        if self.log is not None:
+            out += ["--log", self.log]
         if self.pytest_args:
             out += ["--", *self.pytest_args]
         return out
@@ -68,4 +84,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--json", metavar="FILE", help="JSON report (container: NAME-root.EXT, NAME-sbxc.EXT)")
     g.add_argument("--require", action="store_true", help="turn every skip into a failure")
     g.add_argument("--expected-skips", metavar="FILE", help="`test id | reason` lines; other skips fail")
+    output.add_arguments(g)
     p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST ARGS", help="passed to pytest after `--`")

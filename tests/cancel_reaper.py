@@ -4,7 +4,9 @@
 
 Prints `{"top": PID}` once the command has started; the test signals that pid. Once the command has
 exited, waits until every process it left has gone (at most --linger seconds), then prints
-`{"status": RETURNCODE, "left": [[pid, cmdline], ...], "seconds": S}` and kills whatever was left, so
+`{"status": RETURNCODE, "left": [[pid, cmdline], ...], "seconds": S, "reaped": [[pid, RETURNCODE], ...]}`
+(`reaped`: each orphan this reaper collected, with how it ended: a negative code is the signal that
+killed it) and kills whatever was left, so
 a red test leaks nothing. As a child subreaper (PR_SET_CHILD_SUBREAPER, prctl(2)) it inherits every
 orphan of the command, a double-forked daemon or a SIGKILLed harness's children alike: `left` is
 everything of the run still alive, observed from outside the run (an oracle independent of the
@@ -51,10 +53,13 @@ def descendants(me: int) -> list[tuple[int, str]]:
     return sorted(out)
 
 
-def reap() -> None:
+def reap(reaped: list[list[int]]) -> None:
     with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
+        while True:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid <= 0:
+                return
+            reaped.append([pid, os.waitstatus_to_exitcode(status)])
 
 
 def main() -> int:
@@ -71,18 +76,21 @@ def main() -> int:
     print(json.dumps({"top": top.pid}), flush=True)
     status = top.wait()
     ended = time.monotonic()
+    reaped: list[list[int]] = []
+    reap(reaped)
     left = descendants(os.getpid())
     while left and time.monotonic() < ended + a.linger:
         time.sleep(0.1)
-        reap()
+        reap(reaped)
         left = descendants(os.getpid())
-    print(json.dumps({"status": status, "left": left, "seconds": round(time.monotonic() - ended, 2)}),
-          flush=True)
+    reap(reaped)
+    print(json.dumps({"status": status, "left": left, "seconds": round(time.monotonic() - ended, 2),
+                      "reaped": reaped}), flush=True)
     for pid, _ in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     time.sleep(0.2)
-    reap()
+    reap([])
     return 0
 
 

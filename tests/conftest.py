@@ -7,6 +7,7 @@ import os
 import pwd
 import shutil
 import signal
+import tempfile
 import threading
 from pathlib import Path
 
@@ -46,6 +47,20 @@ def pytest_configure(config: pytest.Config) -> None:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, _interrupt)
+    # A red witness run keeps its pytest log under $XDG_STATE_HOME (conformance/output.py): the many
+    # red-by-design runs of this suite keep theirs in a directory of the session's, removed after it.
+    global _STATE_HOME
+    _STATE_HOME = tempfile.mkdtemp(prefix="pytest-sbxc-state-")
+    os.chmod(_STATE_HOME, 0o755)
+    os.environ["XDG_STATE_HOME"] = _STATE_HOME
+
+
+_STATE_HOME: str | None = None
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _STATE_HOME is not None:
+        shutil.rmtree(_STATE_HOME, ignore_errors=True)
 
 
 @pytest.hookimpl(hookwrapper=True)

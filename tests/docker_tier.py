@@ -6,8 +6,9 @@ Use it from a test module with `pytest_plugins = ["docker_tier"]` and the `docke
 Set-up: `dockerd` on a private socket, data root and exec root under a fresh temp dir (`--bridge none
 --iptables=false`: the daemon creates no docker0 and no iptables chains, nothing on the host to clean
 up; builds use `--network host` to reach the mirror); a base image from `debootstrap --variant=minbase
-bookworm` (scripts/docker-base-image, cached per day under /var/cache/sandbox-conformance) and `docker
-import` (no registry is reachable); then `docker build --build-arg BASE=...` of the Dockerfile.
+bookworm` imported into it by scripts/docker-base-image (the tarball cached per day under
+/var/cache/sandbox-conformance; no registry is reachable); then `docker build --build-arg BASE=...` of
+the Dockerfile.
 
 Teardown, whatever happened: remove containers and images, stop dockerd (SIGTERM, then SIGKILL to its
 process group), kill anything else still running from our exec root (containerd, shims), unmount
@@ -248,10 +249,11 @@ def docker_tier_up() -> Iterator[DockerTier]:
                 # from pytest's main thread, which lives as long as the session (probes/run.py).
                 preexec_fn=die_with_parent(signal.SIGTERM))
         _wait_for_daemon(docker, env, daemon, log)
-        tarball = _need(run([str(REPO / "scripts" / "docker-base-image"), str(CACHE)], timeout=1000),
-                        "debootstrap of the base image").stdout.strip().splitlines()[-1]
-        base = f"sbxc-tier-base:{tag}"
-        _need(run([docker, "import", tarball, base], timeout=300, env=env), "docker import of the base")
+        # The script a user runs offline (README, container mode): debootstrap, then `docker import`
+        # into this tier's daemon (DOCKER_HOST is in env); it prints the name to build on.
+        base = _need(run([str(REPO / "scripts" / "docker-base-image"), "--engine", "docker", str(CACHE)],
+                         timeout=1300, env=env),
+                     "scripts/docker-base-image (debootstrap, docker import)").stdout.strip().splitlines()[-1]
         image = f"sbxc-tier:{tag}"
         _need(run([docker, "build", "--network", "host", "--tag", image, "--build-arg", f"BASE={base}",
                    "--file", str(REPO / "Dockerfile"), str(REPO)], timeout=1200, env=env),

@@ -232,6 +232,7 @@ SRT_PROMISES = {
     "no_new_privs",
     "write_surface",
     "kernel_view",
+    "workdir",
     "leftovers",
 }
 CODEX_PROMISES = (SRT_PROMISES - {"network_proxy", "nested_userns"}) | {"ipc", "capabilities"}

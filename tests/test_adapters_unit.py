@@ -72,6 +72,7 @@ def test_the_reference_bundle_derives_the_full_set_of_promises() -> None:
         "leftovers",
         "control",
         "user_tmp",
+        "workdir",
         "network",
         "nested_userns",
         "pid",

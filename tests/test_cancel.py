@@ -119,6 +119,14 @@ def test_the_prefixes_swept_are_the_ones_the_modules_create() -> None:
                           ("sbxc-container.", "runners/container.py"),
                           ("sbxc-controls-", "conformance/controls_cmd.py")):
         assert prefix in owner.SWEPT_PREFIXES and f'prefix=f"{prefix}{{owner.stamp()}}' in text[where], prefix
+    # Named by a constant where they are made: srt's own directory, mr-check's verdict scratch.
+    from conformance.adapters import srt
+    from runners import mr_tiers
+
+    for prefix, const, where in ((srt.OWN_PREFIX, "OWN_PREFIX", "conformance/adapters/srt.py"),
+                                 (mr_tiers.SCRATCH_PREFIX, "SCRATCH_PREFIX", "runners/mr_tiers.py")):
+        made = (REPO / where).read_text()
+        assert prefix in owner.SWEPT_PREFIXES and f'prefix=f"{{{const}}}{{owner.stamp()}}' in made, prefix
     lay = layout.create()
     try:
         assert owner.find(lay.root.name) == owner.mine()
@@ -214,6 +222,7 @@ class Ended:
     left: list[list]  # [pid, cmdline] of the run's processes alive after LINGER
     seconds: float  # from the top's exit until its last process was gone
     top: int
+    reaped: dict[int, int] = dataclasses.field(default_factory=dict)  # orphan pid -> how it ended
 
     @property
     def verdict(self) -> re.Match[str] | None:
@@ -278,7 +287,8 @@ def cancel_mid_run(argv: list[str], *, sig: int, ready: Callable[[int], bool], t
             reaper.kill()
             reaper.wait()
     doc = json.loads(rest.strip().splitlines()[-1])
-    return Ended(doc["status"], err.read_text(), doc["left"], doc["seconds"], top)
+    return Ended(doc["status"], err.read_text(), doc["left"], doc["seconds"], top,
+                 {pid: code for pid, code in doc.get("reaped", [])})
 
 
 def assert_orderly(e: Ended, sig: int, mode: str) -> None:
@@ -399,18 +409,28 @@ def test_run_native_with_the_reference_bwrap_sandbox(sig: int, tmp_path: Path, s
     bin_dir, token = slow_bwrap()
     env = _env(tmp_path, bin_dir)
     before = _stamped(env)
-    e = cancel_mid_run([sys.executable, "-m", "runners.cli", "run", "--mode", "native", "--timeout", "300"],
+    verdict = tmp_path / "verdict.json"
+    e = cancel_mid_run([sys.executable, "-m", "runners.cli", "run", "--mode", "native", "--timeout", "300",
+                        "--verdict-json", str(verdict)],
                        sig=sig, ready=_sleeping(token), tmp=tmp_path, env=env)
     assert not processes_with(token)
     if sig == signal.SIGKILL:
         # The witness child got SIGTERM from the kernel and removed its own layout; nothing to sweep
         # unless it lost the race with the guardian's SIGKILL, which the next run would sweep.
         assert_killed_then_swept(e, before, env, expect=())
+        assert not verdict.exists()  # a SIGKILL runs nothing: no document, rather than a wrong one
     else:
         assert_orderly(e, sig, "native")
         # Both processes said how they ended: the witness child, then the run.
         assert "KILLED-SIGTERM mode=witness" in e.stderr
         assert leftovers(before, env) == []
+        # And the run as data, for a program (mr-check) that reads it rather than the line.
+        import jsonschema
+        from test_schemas import schema
+
+        doc = json.loads(verdict.read_text())
+        jsonschema.validate(doc, schema("run-verdict"))
+        assert (doc["verdict"], doc["mode"], doc["exit"]) == ("KILLED-SIGTERM", "native", 143), doc
 
 
 @pytest.mark.integration
@@ -436,6 +456,81 @@ def test_controls_mid_way_through_its_parallel_witness_runs(sig: int, tmp_path: 
     else:
         assert_orderly(e, sig, "controls")
         assert leftovers(before, env) == []
+
+
+MR_TIER = """\
+[[tool.sandbox-conformance.tiers]]
+name = "slow-sandbox"
+globs = ["src/sandbox/**"]
+run = {{ kind = "witness", launcher = "{launcher}" }}
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=SIGNAL_IDS.get)
+def test_mr_check_stops_its_runner_child_in_order(sig: int, tmp_path: Path) -> None:
+    """mr-check -> `sandbox-conformance run` (its child) -> the witness child -> a slow external launcher.
+    The runner child is stopped by SIGTERM, never SIGKILL first: on mr-check's SIGTERM or SIGINT (its
+    group gets SIGTERM, then SIGKILL after the grace), mr-check prints the runner's own KILLED line
+    (read from its --verdict-json document) before its own; on mr-check's SIGKILL (SIGTERM is the
+    runner's parent-death signal) the subreaper sees the runner end with its own exit 143."""
+    from test_mr_check import make_repo, write
+
+    from runners import mr_tiers
+
+    gate = mr_tiers.runner_gate(None)
+    if gate.mode != "native":
+        pytest.skip(f"the runner would not run natively here: {'; '.join(gate.reasons)}")
+    runner_child: list[int] = []
+
+    def ready(top: int) -> bool:
+        # The task sleeps, and mr-check's runner child is known (its pid, to judge how it ended).
+        runner_child[:] = [pid for pid, words in _children(top)
+                           if ["runners.cli", "run"] in (words[i:i + 2] for i in range(len(words)))]
+        return bool(processes_with(token)) and len(runner_child) == 1
+
+    token = _token()
+    launcher = tmp_path / "slow-launcher"
+    launcher.write_text(f'#!/bin/sh\nsleep {token}\nexec "$@"\n')
+    launcher.chmod(0o755)
+    repo = make_repo(tmp_path / "repo", MR_TIER.format(launcher=launcher))
+    write(repo / "src/sandbox/launch.py", "changed\n")
+    env = _env(tmp_path)
+    before = _stamped(env)
+    e = cancel_mid_run([sys.executable, "-m", "runners.cli", "mr-check", "-C", str(repo)], sig=sig,
+                       ready=ready, tmp=tmp_path, env=env)
+    assert not processes_with(token)
+    runner_ended = "sandbox-conformance: KILLED-SIGTERM mode=native exit=143 time="
+    if sig == signal.SIGKILL:
+        # The runner outlived mr-check by its orderly stop, and the subreaper saw how it ended: an exit
+        # of its own (143 from cancel.finish; 120 when Python could not flush that last line into
+        # mr-check's closed pipe), never killed by a signal, as a SIGKILL parent-death signal would.
+        code = e.reaped.get(runner_child[0])
+        assert code is not None and code >= 0, (runner_child, e.reaped, e.stderr[-2000:])
+        # mr-check's scratch directory went with the runner's final sweep (its owner was dead by
+        # then) or goes with the next run's.
+        assert_killed_then_swept(e, before, env, expect=())
+    else:
+        assert_orderly(e, sig, "mr-check")
+        said = f"sandbox-conformance mr-check: tier slow-sandbox: {runner_ended}"
+        assert said in e.stderr, e.stderr[-3000:]
+        assert leftovers(before, env) == []
+
+
+def _children(pid: int) -> list[tuple[int, list[str]]]:
+    """(pid, argv) of each live child of `pid` (/proc/PID/stat field 4 is the parent, proc(5))."""
+    out = []
+    for p in Path("/proc").iterdir():
+        try:
+            if not p.name.isdigit():
+                continue
+            stat = (p / "stat").read_text()
+            if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+                out.append((int(p.name), (p / "cmdline").read_bytes().decode(errors="replace").split("\0")))
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 def _oci_or_skip() -> str:

@@ -16,16 +16,15 @@ import pytest
 from conformance.cgroup_leaf import (
     ENTER_FAILED,
     CgroupError,
-    CgroupFs,
     KillMethod,
     Leaf,
     Limits,
     leaf_path,
     make_leaf,
     parse_keyed,
-    read_own_cgroup,
     task_leaf,
 )
+from probes.cgroupfs import CgroupFs
 
 INTERFACE = {"cgroup.procs": "", "cgroup.events": "populated 0\nfrozen 0\n", "cgroup.freeze": "0",
              "cgroup.kill": "", "memory.max": "max", "memory.swap.max": "max", "pids.max": "max",
@@ -231,11 +230,3 @@ def test_the_task_never_runs_when_the_shim_cannot_enter(tmp_path):
     assert done.returncode == ENTER_FAILED
     assert "cannot enter cgroup" in done.stderr
     assert not marker.exists()
-
-
-def test_this_hosts_own_cgroup_line_is_read_without_writing_anything():
-    text = Path("/proc/self/cgroup").read_text()
-    own = read_own_cgroup(text)
-    has_v2_line = any(line.startswith("0::") for line in text.splitlines())
-    assert (own is not None) == has_v2_line
-    assert read_own_cgroup("12:memory:/x\n") is None

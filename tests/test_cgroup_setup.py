@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cgroup_leaf import CgroupFs
+from probes import mountinfo as mountinfo_mod
+from probes.cgroupfs import PROOF_LIMIT, CgroupFs, mount_at
 from probes.run import Completed
 from runners import cgroup_setup
-from runners.cgroup_setup import Mode, Setup, SetupError, is_kernel_thread, parse_mountinfo
+from runners.cgroup_setup import Mode, Setup, SetupError, is_kernel_thread
 
 REPO = Path(__file__).resolve().parent.parent
 KTHREAD_STAT = "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 8 0 0"
@@ -117,7 +118,7 @@ def test_processes_move_to_supervisor_and_tasks_gets_memory_and_pids(host):
     assert set((mount / "tasks" / "cgroup.subtree_control").read_text().split()) == {"memory", "pids"}
     # the proof: a memory.max write in a throwaway child that is gone afterwards
     proofs = [(p, t) for p, t in fs.writes if p.endswith("/memory.max")]
-    assert proofs and proofs[0][0].startswith("tasks/setup-proof-") and proofs[0][1] == str(32 << 20)
+    assert proofs and proofs[0][0].startswith("tasks/sbxc-proof-") and proofs[0][1] == f"{PROOF_LIMIT}\n"
     assert sorted(p.name for p in (mount / "tasks").iterdir() if p.is_dir()) == []
 
 
@@ -187,6 +188,18 @@ def test_a_missing_memory_controller_is_named(host):
         make(host).run()
 
 
+def test_a_proof_child_left_behind_fails_the_setup(host):
+    mount, _, fs = host
+
+    def rmdir(path):
+        raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(path))
+
+    fs.rmdir = rmdir
+    with pytest.raises(SetupError, match=r"could not clean up: FAILED to remove .*sbxc-proof-.*: EBUSY"):
+        make(host).run()
+    assert [p.name.startswith("sbxc-proof-") for p in (mount / "tasks").iterdir() if p.is_dir()] == [True]
+
+
 def test_kernel_threads_are_told_apart_by_pf_kthread():
     assert is_kernel_thread(KTHREAD_STAT)
     assert not is_kernel_thread(USER_STAT)  # a comm with spaces and parentheses
@@ -195,9 +208,10 @@ def test_kernel_threads_are_told_apart_by_pf_kthread():
 def test_the_topmost_mount_at_the_point_wins():
     text = mountinfo(Path("/sys/fs/cgroup"), fstype="tmpfs") + \
         "40 30 0:30 / /sys/fs/cgroup ro,nosuid - cgroup2 cgroup2 rw\n"
-    entry = parse_mountinfo(text, "/sys/fs/cgroup")
-    assert entry.fstype == "cgroup2" and entry.read_only
-    assert parse_mountinfo(text, "/nowhere") is None
+    mounts = mountinfo_mod.parse(text)
+    entry = mount_at(mounts, "/sys/fs/cgroup")
+    assert entry is not None and entry.fstype == "cgroup2" and entry.read_only
+    assert mount_at(mounts, "/nowhere") is None
 
 
 # ---- on this host: only refusals, never a write
@@ -216,7 +230,7 @@ def test_the_cli_in_vm_mode_on_this_host_refuses_with_exit_75(monkeypatch, capsy
 
 def test_this_hosts_mount_is_judged_by_its_real_type():
     """Read-only: this host is hybrid (/sys/fs/cgroup is a tmpfs), so even `--in container` refuses."""
-    entry = parse_mountinfo(Path("/proc/self/mountinfo").read_text(), "/sys/fs/cgroup")
+    entry = mount_at(mountinfo_mod.parse(Path("/proc/self/mountinfo").read_text()), "/sys/fs/cgroup")
     setup = Setup(Mode.container)
     if entry is None or entry.fstype != "cgroup2":
         with pytest.raises(SetupError):

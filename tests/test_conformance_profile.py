@@ -38,6 +38,7 @@ def test_the_reference_profile_loads_and_makes_every_promise_family() -> None:
         "leftovers",
         "control",
         "user_tmp",
+        "workdir",
         "network",
         "nested_userns",
         "pid",

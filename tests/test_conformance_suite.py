@@ -18,7 +18,7 @@ import psutil
 import pytest
 from witness_cli import junit, witness
 
-from conformance.launch import HarnessError, Launcher, external, launch, parse_document
+from conformance.launch import HarnessError, Launcher, LauncherKind, external, launch, parse_document
 from probes.run import Completed
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,7 +75,7 @@ def test_the_reference_sandbox_keeps_every_promise(
     done = witness(*args)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
-    kept = 24 - untested
+    kept = 25 - untested
     assert lines[-1].startswith(f"witness: {kept} kept, 0 BROKEN, {untested} not tested"), done.stdout
     assert sum(ln.endswith(": kept") for ln in lines[:-1]) == kept, done.stdout
     cases = junit(tmp_path / "j.xml")
@@ -352,9 +352,10 @@ def test_an_external_launcher_prefix_expands_placeholders_inside_words() -> None
 
 
 def test_an_entry_point_launcher_builds_its_argv_from_the_spec() -> None:
-    lau = Launcher(name="launcher entry point 'x'", kind="entry-point", factory=lambda spec: ["env", "-i"])
+    ep = LauncherKind.entry_point
+    lau = Launcher(name="launcher entry point 'x'", kind=ep, factory=lambda spec: ["env", "-i"])
     assert lau.argv({"task_id": "t"}, {}) == ("env", "-i", "python3", "-I", "-S", "-")
-    bad = Launcher(name="launcher entry point 'y'", kind="entry-point", factory=lambda spec: "env -i")
+    bad = Launcher(name="launcher entry point 'y'", kind=ep, factory=lambda spec: "env -i")
     with pytest.raises(HarnessError, match="entry point 'y'"):
         bad.argv({}, {})
 

@@ -1,5 +1,8 @@
 """The user-namespace ladder on fake hosts: every classifier branch, from files in tmp_path and a fake
-runner that answers each trial the way the real shape would (bwrap's real stderr lines from 0.8.0)."""
+runner that answers each trial the way the real shape would (bwrap's real stderr lines from 0.8.0).
+
+A forced failure makes the fake's combined trial fail too (one bwrap with every rung's flags fails
+where any of them does), so these scenarios exercise the slow path: each rung its own trial."""
 
 from __future__ import annotations
 
@@ -111,6 +114,40 @@ class FakeRunner:
                 "pidns": {"pid": 2, "proc_self": "2", "fresh_proc": True},
                 "nested": {"nested_unshare": "ENOSPC", "max_user_namespaces": "2147483647"}}[mode]
 
+    def combined(self, argv: tuple[str, ...]) -> Completed:
+        """The combined trial (mode `all`): an explicit "all" answer, else what the rung answers imply.
+        A rung forced to fail with a Completed (bwrap's words, a timeout) fails it the same way; a
+        refused unshare or map write in the userns answer is bwrap's own clone or map write refused; a
+        Mapping for a bwrap rung (lo down, nested allowed) is what the combined program sees too."""
+        answer = self.answers.get("all")
+        if callable(answer):
+            return answer(argv)
+        if isinstance(answer, Completed):
+            return answer
+        report: dict[str, Any] = {
+            "uid": self.shape.euid, "gid": self.shape.euid, "status": self.shape.status(),
+            "setgroups_read": "deny", "uid_map_read": f"{self.shape.euid} {self.shape.euid} 1",
+            "gid_map_read": f"{self.shape.euid} {self.shape.euid} 1", "overflowuid": "65534",
+            "net": "net:[4026532300]", "lo_flags": 73, "pid_ns": "pid:[4026532301]",
+            **self.default("netns"), **self.default("pidns"), **self.default("nested"),
+            "userns": "user:[4026532302]"}
+        for mode in ("netns", "pidns", "nested"):
+            rung = self.answers.get(mode)
+            if callable(rung):
+                return rung(argv)
+            if isinstance(rung, Completed):
+                return rung
+            report.update(rung or {})
+        userns = self.answers.get("userns")
+        if callable(userns):
+            return userns(argv)
+        if isinstance(userns, Completed):
+            return userns
+        refused = [k for k in ("unshare", "setgroups", "uid_map", "gid_map") if (userns or {}).get(k)]
+        if refused:
+            return fail(f"bwrap: (fake) {refused[0]} refused: {userns[refused[0]]}")  # type: ignore[index]
+        return dataclasses.replace(done(json.dumps({**report, **(answer or {})}) + "\n"), argv=argv)
+
     def __call__(self, argv: Sequence[str], *, timeout: float, input: str | None = None,
                  env: Mapping[str, str] | None = None, cwd: str | None = None) -> Completed:
         assert timeout > 0, "every trial has a timeout"
@@ -122,6 +159,8 @@ class FakeRunner:
                 return done(f"bubblewrap {self.shape.bwrap}\n")
             return answer(argv) if callable(answer) else answer  # type: ignore[return-value]
         mode = argv[-1]
+        if mode == "all":
+            return self.combined(argv)
         answer = self.answers.get(mode, {})
         if callable(answer):
             return answer(argv)
@@ -415,21 +454,101 @@ def test_process_signals_come_from_the_trial_user_not_from_us(tmp_path: Path) ->
     assert runner.calls and all(c[:2] == ("setpriv", "--reuid=bob") for c in runner.calls)
 
 
-def test_one_python_child_and_one_bwrap_per_bwrap_rung(tmp_path: Path) -> None:
-    """The benchmark's budget: the `bwrap` probe and the ladder share one `bwrap --version`, then one
-    interpreter for userns+userns.map and one throwaway bwrap per remaining rung."""
+def test_a_healthy_host_is_answered_by_one_combined_bwrap(tmp_path: Path) -> None:
+    """The benchmark's budget (issue 15): the `bwrap` probe and the ladder share one `bwrap --version`,
+    and the ladder makes ONE launch, the combined trial, with every rung's flags."""
     host, runner = fake_host(tmp_path)
     bwrap_probe.probe(host)
-    ladder.probe(host)
-    kinds = sorted(c[-1] for c in runner.calls)
-    assert kinds == ["--version", "nested", "netns", "pidns", "userns"]
+    findings = ladder.probe(host)
+    assert sorted(c[-1] for c in runner.calls) == ["--version", "all"]
+    [combined] = [c for c in runner.calls if c[-1] == "all"]
+    flags = combined[:combined.index("--")]
+    for flag in ("--unshare-user", "--unshare-net", "--unshare-pid", "--disable-userns", "--die-with-parent"):
+        assert flag in flags
+    assert flags[flags.index("--proc") + 1] == "/proc"
+    assert verdicts(findings) == ladder_of(OK, OK, OK, OK, OK)
+
+
+def test_each_fast_finding_says_the_combined_trial_answered_it_and_what_it_saw(tmp_path: Path) -> None:
+    host, _ = fake_host(tmp_path)
+    by = {f.probe: f for f in ladder.probe(host)}
+    for f in by.values():
+        assert f.facts["observed_by"] == "combined"
+        assert "combined trial" in f.evidence["observed_by"]
+        assert f.evidence["observed"], "the observation that answered this rung"
+        assert json.loads(f.evidence["report"])["nested_unshare"] == "ENOSPC"
+        assert f.evidence["argv"].startswith(str(tmp_path / "bin/bwrap") + " --unshare-user")
+        assert f.evidence["argv"].endswith("-I -S -c <_inside_ladder.py> all")
+    assert "user:[4026532302]" in by["userns"].evidence["observed"]
+    assert by["userns"].evidence["userns_outer"] == f"user:[{USER_INIT}]"
+    assert "uid_map 1000 1000 1" in by["userns.map"].evidence["observed"]
+    assert "lo up" in by["netns"].evidence["observed"]
+    assert "ENOSPC" in by["disable_userns"].evidence["observed"]
+
+
+def test_a_forced_failure_walks_every_rung_and_keeps_the_combined_trial_as_evidence(tmp_path: Path) -> None:
+    host, runner = fake_host(tmp_path, Shape(), {"pidns": fail(PROC_EPERM)})
+    by = {f.probe: f for f in ladder.probe(host)}
+    assert sorted(c[-1] for c in runner.calls) == ["--version", "all", "nested", "netns", "pidns", "userns"]
+    assert all(f.facts["observed_by"] == "rung" for f in by.values())
+    assert all(f.evidence["observed_by"] == "its own rung trial" for f in by.values())
+    assert by["pidns.proc"].evidence["combined trial"] == f"exit 1: {PROC_EPERM}"
+    assert by["pidns.proc"].evidence["stderr"] == PROC_EPERM  # the rung's own trial, as before
+
+
+def test_a_rung_left_untried_says_no_trial_answered_it(tmp_path: Path) -> None:
+    shape, answers, _ = SCENARIOS["max_user_namespaces=0"]
+    host, _ = fake_host(tmp_path, shape, answers)
+    by = {f.probe: f for f in ladder.probe(host)}
+    assert (by["userns"].facts["observed_by"], by["userns.map"].facts["observed_by"]) == ("rung", None)
+    assert by["userns.map"].evidence["observed_by"] == "not tried"
+    host, _ = fake_host(tmp_path / "nobwrap", Shape(bwrap=None))
+    by = {f.probe: f for f in ladder.probe(host)}
+    assert by["netns"].facts["observed_by"] is None
+    assert by["netns"].evidence["combined trial"] == "not tried: no bwrap on PATH"
+
+
+def test_a_rung_the_combined_trial_leaves_unanswered_is_answered_by_its_own_trial(tmp_path: Path) -> None:
+    """lo down only in the combined trial: its own netns trial sees lo up, so netns is supported, from
+    that trial, and the disagreement stays in the evidence."""
+    host, runner = fake_host(tmp_path, Shape(), {"all": {"lo_up": False, "lo_flags": 8}})
+    by = {f.probe: f for f in ladder.probe(host)}
+    assert verdicts(list(by.values())) == ladder_of(OK, OK, OK, OK, OK)
+    assert by["netns"].facts["observed_by"] == "rung"
+    assert "did not answer netns: lo not up (8)" in by["netns"].evidence["combined trial"]
+    assert len(runner.calls) == 6
+
+
+def test_a_setuid_bwrap_is_never_asked_for_the_combined_trial(tmp_path: Path) -> None:
+    """A setuid bwrap makes its namespaces with privilege: its success says nothing about an
+    unprivileged user namespace."""
+    host, runner = fake_host(tmp_path, Shape(bwrap_setuid=True))
+    by = {f.probe: f for f in ladder.probe(host)}
+    assert "all" not in [c[-1] for c in runner.calls]
+    assert by["netns"].evidence["combined trial"].startswith("not tried: ")
+    assert "setuid" in by["netns"].evidence["combined trial"]
+
+
+def test_a_bwrap_without_disable_userns_does_not_answer_from_the_combined_trial(tmp_path: Path) -> None:
+    shape, answers, expected = SCENARIOS["bwrap too old for --disable-userns"]
+    host, _ = fake_host(tmp_path, shape, answers)
+    by = {f.probe: f for f in ladder.probe(host)}
+    assert verdicts(list(by.values())) == expected
+    assert "lacks --disable-userns" in by["userns"].evidence["combined trial"]
+
+
+def test_the_fast_path_can_be_turned_off(tmp_path: Path) -> None:
+    host, runner = fake_host(tmp_path)
+    by = {f.probe: f for f in ladder.probe(host, fast=False)}
+    assert "all" not in [c[-1] for c in runner.calls]
+    assert all(f.ok and f.facts["observed_by"] == "rung" for f in by.values())
 
 
 def test_trial_argv_runs_the_stdlib_program_isolated(tmp_path: Path) -> None:
-    host, runner = fake_host(tmp_path)
+    host, runner = fake_host(tmp_path, Shape(), {"all": fail("bwrap: forced")})
     ladder.probe(host)
     by_mode = {c[-1]: c for c in runner.calls}
-    for mode in ("userns", "netns", "pidns", "nested"):
+    for mode in ("all", "userns", "netns", "pidns", "nested"):
         argv = by_mode[mode]
         i = argv.index("-c")
         assert argv[i - 2:i] == ("-I", "-S")
@@ -437,6 +556,38 @@ def test_trial_argv_runs_the_stdlib_program_isolated(tmp_path: Path) -> None:
     assert "--disable-userns" in by_mode["nested"] and "--unshare-user" in by_mode["nested"]
     assert "--unshare-net" in by_mode["netns"]
     assert by_mode["pidns"][by_mode["pidns"].index("--proc") + 1] == "/proc"
+
+
+OUTER = "user:[4026531837]"
+GOOD = {"userns": "user:[4026532250]", "uid": 1000, "setgroups_read": "deny", "uid_map_read": "1000 1000 1",
+        "gid_map_read": "1000 1000 1", "lo_up": True, "lo_flags": 73, "fresh_proc": True, "proc_self": "2",
+        "pid": 2, "nested_unshare": "ENOSPC"}
+
+
+@pytest.mark.parametrize(("change", "outer", "unanswered"), [
+    ({}, OUTER, set()),
+    ({"setgroups_read": "!ENOENT"}, OUTER, set()),  # a kernel before 3.19: no setgroups file
+    ({"userns": OUTER}, OUTER, {Rung.userns}),  # never left our user namespace
+    ({}, None, {Rung.userns}),  # ours could not be read: nothing to compare with
+    ({"uid_map_read": ""}, OUTER, {Rung.userns_map}),
+    ({"uid": 65534}, OUTER, {Rung.userns_map}),  # the overflow uid: our uid is not in the map
+    ({"gid_map_read": "!EACCES"}, OUTER, {Rung.userns_map}),
+    ({"setgroups_read": "allow"}, OUTER, {Rung.userns_map}),
+    ({"lo_up": False}, OUTER, {Rung.netns}),
+    ({"fresh_proc": False}, OUTER, {Rung.pidns_proc}),
+    ({"nested_unshare": None}, OUTER, {Rung.disable_userns}),
+    ({"nested_unshare": "EPERM"}, OUTER, {Rung.disable_userns}),
+])
+def test_combined_observations_answer_a_rung_only_with_the_fact_its_own_trial_checks(
+        change: dict[str, Any], outer: str | None, unanswered: set[Rung]) -> None:
+    answered, missing = ladder.combined_observations({**GOOD, **change}, outer)
+    assert set(missing) == unanswered
+    assert set(answered) == set(RUNGS) - unanswered
+
+
+def test_no_combined_report_answers_nothing() -> None:
+    answered, missing = ladder.combined_observations(None, OUTER)
+    assert not answered and set(missing) == set(RUNGS)
 
 
 # ------------------------------------------------------------------ the pure pieces, as tables

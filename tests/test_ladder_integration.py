@@ -37,25 +37,44 @@ def assert_all_supported(findings: list[Finding], user: str) -> None:
     assert all(f.facts["cause"] is None for f in findings)
 
 
-def test_as_root_the_whole_ladder_is_supported(root_only: None, bwrap_path: str) -> None:
+def test_as_root_one_combined_trial_answers_the_whole_ladder(root_only: None, bwrap_path: str) -> None:
     findings = ladder.probe(Host())
     assert_all_supported(findings, "root")
+    assert {f.facts["observed_by"] for f in findings} == {"combined"}
+    by = by_id(findings)
+    # One launch: every rung's evidence is the same trial (same argv, same report).
+    assert len({f.evidence["argv"] for f in findings}) == 1
+    assert "--disable-userns" in by["userns"].evidence["argv"]
     # The trial really ran as root and really entered a new user namespace (its report says so).
+    report = json.loads(by["userns"].evidence["report"])
+    assert report["uid"] == 0
+    assert report["userns"] != by["userns"].evidence["userns_outer"] == os.readlink("/proc/self/ns/user")
+    assert report["uid_map_read"].split() == ["0", "0", "1"]
+    assert report["lo_up"] is True and report["fresh_proc"] is True and report["nested_unshare"] == "ENOSPC"
+
+
+def test_as_root_each_rung_also_holds_by_its_own_trial(root_only: None, bwrap_path: str) -> None:
+    """The slow path on the real kernel: the rungs the combined trial answers, each tried alone."""
+    findings = ladder.probe(Host(), fast=False)
+    assert_all_supported(findings, "root")
+    assert {f.facts["observed_by"] for f in findings} == {"rung"}
     report = json.loads(by_id(findings)["userns"].evidence["report"])
     assert report["uid"] == 0
     assert report["userns_after"] != report["userns_before"]
 
 
 def test_as_the_test_user_through_setpriv(test_user: str, bwrap_path: str) -> None:
-    findings = ladder.probe(Host(as_user=test_user))
-    assert_all_supported(findings, test_user)
-    by = by_id(findings)
-    report = json.loads(by["userns"].evidence["report"])
     uid = pwd.getpwnam(test_user).pw_uid
-    assert report["uid"] == uid, "the trial ran as the test user, not as root"
-    assert report["status"]["CapEff"] == "0000000000000000"
-    assert report["uid_map_read"].split() == [str(uid), str(uid), "1"]
-    assert by["netns"].evidence["argv"].startswith(f"setpriv --reuid={test_user}")
+    for fast in (True, False):
+        findings = ladder.probe(Host(as_user=test_user), fast=fast)
+        assert_all_supported(findings, test_user)
+        by = by_id(findings)
+        assert by["userns"].facts["observed_by"] == ("combined" if fast else "rung")
+        report = json.loads(by["userns"].evidence["report"])
+        assert report["uid"] == uid, "the trial ran as the test user, not as root"
+        assert report["status"]["CapEff"] == "0000000000000000"
+        assert report["uid_map_read"].split() == [str(uid), str(uid), "1"]
+        assert by["netns"].evidence["argv"].startswith(f"setpriv --reuid={test_user}")
 
 
 INSIDE_PROBE = (
@@ -84,6 +103,10 @@ def test_nested_inside_disable_userns_userns_is_denied_with_the_nesting_cause(
     assert (by["userns.map"].verdict, by["userns.map"].facts["cause"]) == (Verdict.unknown, "earlier_rung")
     for rung in ("netns", "pidns.proc", "disable_userns"):
         assert (by[rung].verdict, by[rung].facts["cause"]) == (Verdict.denied, "nested"), by[rung].reason
+    # The combined trial was tried, failed the same way, and the rungs were walked to name the cause
+    # (userns.map is not tried once userns failed: no observation answers it).
+    assert [f.facts["observed_by"] for f in by.values()] == ["rung", None, "rung", "rung", "rung"]
+    assert by["netns"].evidence["combined trial"].startswith("exit 1: bwrap: ")
 
 
 def _ladder_under(prefix: list[str], shell: str) -> dict[str, Finding]:
@@ -111,6 +134,8 @@ def test_a_masked_proc_refuses_only_the_procfs_rung(root_only: None, bwrap_path:
                    "netns": (Verdict.supported, None), "pidns.proc": (Verdict.denied, "masked_proc"),
                    "disable_userns": (Verdict.supported, None)}
     assert target in by["pidns.proc"].reason
+    assert {f.facts["observed_by"] for f in by.values()} == {"rung"}
+    assert "Can't mount proc" in by["pidns.proc"].evidence["combined trial"]
 
 
 def test_max_user_namespaces_zero_in_a_throwaway_user_namespace(root_only: None, bwrap_path: str) -> None:

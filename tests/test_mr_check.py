@@ -20,7 +20,8 @@ from runners.mr_config import ConfigError, MissingConfig, Tier, TierKind, load, 
 from runners.mr_git import Change, Source, Status, collect
 from runners.mr_globs import GlobError, compile_glob, matches
 from runners.mr_report import plan
-from runners.mr_tiers import Gate, Outcome, TierResult, classify_runner, parse_runner_stderr, run_tier
+from runners.mr_tiers import Gate, Outcome, TierResult, classify_runner, run_tier
+from runners.run_verdict import RunVerdict
 
 REPO = Path(__file__).resolve().parent.parent
 CLI_TIMEOUT = 900.0
@@ -158,36 +159,62 @@ def _done(rc: int | None, stderr: str = "", stdout: str = "", **kw: object) -> C
     return Completed(("x",), rc, stdout, stderr, 1.5, **kw)  # type: ignore[arg-type]
 
 
-REFUSAL = textwrap.dedent("""\
-    sandbox-conformance run: refused: this is a deployment host (signature matched: config:/etc/agentd.toml)
-    sandbox-conformance run:   because: deployment: detected
-    sandbox-conformance run:   way on: --mode container: run the suite in a privileged container on this host
-    sandbox-conformance run:   way on: --mode native: run it natively here, meaning it
-    sandbox-conformance: REFUSED mode=auto exit=75 time=0.4s
-""")
+def _doc(verdict: str, code: int, reason: str | None = None, ways_on: tuple[str, ...] = ()) -> RunVerdict:
+    """What `run --verdict-json` writes (runners/run_verdict.py)."""
+    line = f"sandbox-conformance: {verdict} mode=native exit={code} time=0.4s"
+    return RunVerdict(verdict, "native", "auto", code, 0.4, line, reason, (), ways_on)
 
 
-@pytest.mark.parametrize(("done", "outcome"), [
-    (_done(0, "sandbox-conformance: PASS mode=native exit=0 time=3.1s\n"), Outcome.passed),
-    (_done(1, "sandbox-conformance: FAIL mode=native exit=1 time=3.1s\n"), Outcome.failed),
-    (_done(75, REFUSAL), Outcome.refused),
-    (_done(2, "sandbox-conformance run: --profile p.toml: no such file\n"), Outcome.usage),
-    (_done(None, timed_out=True), Outcome.error),
-    (_done(-9), Outcome.error),
-    (_done(127, "python: not found", not_found=True), Outcome.refused),
+DEPLOYMENT = _doc("REFUSED", 75, "this is a deployment host (signature matched: config:/etc/agentd.toml)",
+                  ("--mode container: run the suite in a privileged container on this host",
+                   "--mode native: run it natively here, meaning it"))
+
+
+@pytest.mark.parametrize(("done", "doc", "outcome"), [
+    (_done(0), _doc("PASS", 0), Outcome.passed),
+    (_done(1), _doc("FAIL", 1), Outcome.failed),
+    (_done(75), DEPLOYMENT, Outcome.refused),
+    (_done(2), _doc("ERROR", 2, "--profile p.toml: no such file"), Outcome.usage),
+    (_done(None, timed_out=True), None, Outcome.error),
+    (_done(-9), None, Outcome.error),
+    (_done(127, "python: not found", not_found=True), None, Outcome.refused),
+    # The exit code decides: a document that disagrees with it (a stale file) never makes a run green.
+    (_done(1), _doc("PASS", 0), Outcome.failed),
+    (_done(143), _doc("KILLED-SIGTERM", 143), Outcome.error),
 ])
-def test_only_exit_zero_from_the_runner_is_green(done: Completed, outcome: Outcome) -> None:
-    assert classify_runner(done).outcome is outcome
+def test_only_exit_zero_from_the_runner_is_green(done: Completed, doc: RunVerdict | None,
+                                                 outcome: Outcome) -> None:
+    assert classify_runner(done, doc).outcome is outcome
 
 
-def test_a_refusal_keeps_the_runners_reason_and_each_way_on() -> None:
-    reason, ways, verdict = parse_runner_stderr(REFUSAL)
-    assert reason == "this is a deployment host (signature matched: config:/etc/agentd.toml)"
-    assert ways == ("--mode container: run the suite in a privileged container on this host",
-                    "--mode native: run it natively here, meaning it")
-    assert verdict == "sandbox-conformance: REFUSED mode=auto exit=75 time=0.4s"
-    # The CLI-level form (runners/cli.py prints `  way on:` without the prefix) is read too.
-    assert parse_runner_stderr("sandbox-conformance run: refused: no\n  way on: go\n")[1] == ("go",)
+def test_a_refusal_keeps_the_reason_and_each_way_on_from_the_runners_document_not_its_prose() -> None:
+    # stderr says something else entirely: it is for people, and never parsed.
+    prose = "sandbox-conformance run: refused: a decoy\n  way on: a decoy way\n"
+    res = classify_runner(_done(75, prose), DEPLOYMENT)
+    assert (res.outcome, res.reason, res.ways_on) == (Outcome.refused, DEPLOYMENT.reason, DEPLOYMENT.ways_on)
+    assert res.runner_verdict == DEPLOYMENT.line
+    assert "signature matched" not in res.plain_why and "deployment host" in res.plain_why
+    # No document (the runner died before its end): the exit code still decides, the tail says why.
+    bare = classify_runner(_done(75, prose + "last words\n"), None)
+    assert (bare.outcome, bare.reason, bare.ways_on, bare.runner_verdict) == (Outcome.refused, "last words",
+                                                                              (), None)
+    usage = classify_runner(_done(2, "sandbox-conformance run: whatever\n"),
+                            _doc("ERROR", 2, "--timeout: no"))
+    assert usage.outcome is Outcome.usage and usage.reason.endswith(": --timeout: no")
+
+
+def test_the_runner_is_told_where_its_verdict_goes_outside_the_command_it_prints(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from runners import run_verdict
+
+    tier = Tier("w", ("src/**",), TierKind.witness, launcher="./l.sh", pytest_args=("-k", "x"))
+    argv = mr_tiers.runner_argv(tier, "native")
+    assert argv[argv.index("run") + 1:] == ["--mode", "native", "--launcher", "./l.sh", "--", "-k", "x"]
+    assert mr_tiers.display_command(tier, "native") == "sandbox-conformance run --mode native --launcher " \
+                                                       "./l.sh -- -k x"
+    monkeypatch.setenv(run_verdict.ENV, "/elsewhere.json")  # the user's own is never the one read back
+    assert mr_tiers.runner_env(tmp_path / "v.json")[run_verdict.ENV] == str(tmp_path / "v.json")
+    assert run_verdict.ENV not in mr_tiers.runner_env()
 
 
 @pytest.mark.parametrize(("outcomes", "expected"), [

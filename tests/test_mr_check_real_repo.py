@@ -36,6 +36,7 @@ from runners.mr_config import ConfigError, Tier, TierKind, parse, resolve_launch
 from runners.mr_git import Change, Changes, Source, Status
 from runners.mr_report import Format, Invocation, Report, plan, render
 from runners.mr_tiers import Outcome, TierResult, classify_runner
+from runners.run_verdict import RunVerdict
 
 CLI_TIMEOUT = 900.0
 
@@ -257,7 +258,9 @@ RED_STDERR = textwrap.dedent("""\
 
 
 def test_a_red_run_leads_with_the_harness_error_and_the_broken_promises_in_every_format() -> None:
-    res = classify_runner(_done(1, RED_STDERR, RED_STDOUT))
+    line = "sandbox-conformance: FAIL mode=native exit=1 time=1.9s"  # the runner's --verdict-json
+    doc = RunVerdict("FAIL", "native", "auto", 1, 1.9, line)
+    res = classify_runner(_done(1, RED_STDERR, RED_STDOUT), doc)
     assert res.failures == (
         "harness error: launcher 'x': exited 1; stderr: boom (2 promises not tested because of it)",
         "masked {state}/db: BROKEN: nothing is mounted at {state}/db inside the task (no mask)",

@@ -17,6 +17,7 @@ from conformance import controls_cmd, observer
 from conformance.controls_judge import Status, Verdict
 from conformance.harness import HarnessError, check_document
 from conformance.plan import Plan
+from probes import mountinfo
 
 PR_SET_NAME = 15
 
@@ -152,13 +153,18 @@ def test_a_mount_behind_a_directory_the_task_cannot_search_is_unreachable(tmp_pa
     assert not observer.unreachable(tmp_path, "/var/locked/inner", task)
 
 
-def test_the_filesystems_a_task_already_holds_are_never_unreachable(tmp_path: Path) -> None:
+def test_the_mounts_a_task_already_holds_are_never_unreachable(tmp_path: Path) -> None:
     # cwd (and any open descriptor) inside a mount needs no path search: relative writes reach it.
+    # Another mount of the same filesystem is no way in: the mount counts, not the device.
     proc = subprocess.Popen(["sleep", "30"], cwd=tmp_path)
     try:
-        st = os.stat(tmp_path)
-        held = observer.held_devices(Path(f"/proc/{proc.pid}"))
-        assert f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}" in held
+        mounts = mountinfo.parse(Path(f"/proc/{proc.pid}/mountinfo").read_text())
+        held = observer.held_mounts(Path(f"/proc/{proc.pid}"), mounts)
+        serving = mountinfo.serving(mounts, str(tmp_path))
+        assert serving is not None and serving.mount_id in held
+        same_fs_elsewhere = [m for m in mounts if m.dev == serving.dev and m.mount_id != serving.mount_id
+                             and m.mount_point != "/"]
+        assert not {m.mount_id for m in same_fs_elsewhere} & held
     finally:
         proc.kill()
         proc.wait()

@@ -3,6 +3,7 @@ clean-up on failure, and the real host (hybrid here: delegation must not be supp
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -10,19 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from probes import cgroup
-from probes.cgroup import (
+from probes import cgroup, cgroupfs, mountinfo
+from probes.cgroup import RootState, blockers, decide_layout, fs_path, resolve_root
+from probes.cgroupfs import (
     CGROUP2_SUPER_MAGIC,
     CGROUP_SUPER_MAGIC,
-    TMPFS_MAGIC,
-    CgroupOps,
-    Mount,
-    RootState,
-    blockers,
-    decide_layout,
-    fs_path,
-    parse_mountinfo,
-    resolve_root,
+    PROMISE_ENV,
+    CgroupFs,
 )
 from probes.finding import Verdict
 from probes.host import Host
@@ -49,7 +44,8 @@ cpu\t0\t80\t1
 memory\t0\t80\t1
 pids\t0\t80\t1
 """
-INIT_CGROUPNS = f"cgroup:[{cgroup.PROC_CGROUP_INIT_INO}]"
+TMPFS_MAGIC = 0x01021994  # include/uapi/linux/magic.h: /sys/fs/cgroup on a hybrid or v1 host
+INIT_CGROUPNS = f"cgroup:[{cgroupfs.PROC_CGROUP_INIT_INO}]"
 TOP, UNI = "/sys/fs/cgroup", "/sys/fs/cgroup/unified"
 USER_SVC = "/user.slice/user-1000.slice/user@1000.service"
 
@@ -88,35 +84,42 @@ def cg_dir(path: Path, controllers: str = "", subtree: str = "", *, machine_root
     return path
 
 
-def kernel_like_ops() -> CgroupOps:
+class PlainFs(CgroupFs):
+    """A plain directory tree: no kernel populates a child, but rmdir removes one that holds files."""
+
+    def rmdir(self, path: Path) -> None:
+        shutil.rmtree(path)
+
+
+class KernelLikeFs(PlainFs):
     """What cgroupfs does and a plain fs does not: mkdir populates memory.max (the parent enabled
     memory), rmdir removes a cgroup despite its interface files."""
-    def mkdir(p: Path) -> None:
-        os.mkdir(p)
-        (p / "cgroup.type").write_text("domain\n")
-        (p / "memory.max").write_text("max\n")
-    return CgroupOps(mkdir=mkdir, rmdir=shutil.rmtree)
+
+    def mkdir(self, path: Path) -> None:
+        os.mkdir(path)
+        (path / "cgroup.type").write_text("domain\n")
+        (path / "memory.max").write_text("max\n")
 
 
 # --- layout ---------------------------------------------------------------------------------------
 
 def test_hybrid_layout_is_tmpfs_at_the_top_with_cgroup2_at_unified_and_v1_hierarchies():
-    mounts = parse_mountinfo(HYBRID_MOUNTINFO)
+    mounts = mountinfo.parse(HYBRID_MOUNTINFO)
     layout = decide_layout(mounts, {TOP: TMPFS_MAGIC, UNI: CGROUP2_SUPER_MAGIC})
     assert layout.name == "hybrid"
-    assert layout.v2_mount is not None and layout.v2_mount.mountpoint == "/sys/fs/cgroup/unified"
+    assert layout.v2_mount is not None and layout.v2_mount.mount_point == "/sys/fs/cgroup/unified"
     assert layout.conflicts == ()
 
 
 def test_unified_layout_is_cgroup2_at_sys_fs_cgroup():
-    layout = decide_layout(parse_mountinfo(UNIFIED_MOUNTINFO), {"/sys/fs/cgroup": CGROUP2_SUPER_MAGIC})
+    layout = decide_layout(mountinfo.parse(UNIFIED_MOUNTINFO), {"/sys/fs/cgroup": CGROUP2_SUPER_MAGIC})
     assert layout.name == "unified"
-    assert layout.v2_mount.mountpoint == "/sys/fs/cgroup"
+    assert layout.v2_mount.mount_point == "/sys/fs/cgroup"
 
 
 def test_v1_only_layout_has_no_v2_mount():
     v1 = "\n".join(line for line in HYBRID_MOUNTINFO.splitlines() if "cgroup2" not in line)
-    layout = decide_layout(parse_mountinfo(v1), {TOP: TMPFS_MAGIC, UNI: None})
+    layout = decide_layout(mountinfo.parse(v1), {TOP: TMPFS_MAGIC, UNI: None})
     assert (layout.name, layout.v2_mount) == ("v1", None)
 
 
@@ -125,15 +128,15 @@ def test_no_cgroup_mounts_is_layout_none():
 
 
 def test_a_cgroup2_mount_statfs_contradicts_is_a_conflict_not_believed():
-    layout = decide_layout(parse_mountinfo(HYBRID_MOUNTINFO),
+    layout = decide_layout(mountinfo.parse(HYBRID_MOUNTINFO),
                            {"/sys/fs/cgroup": TMPFS_MAGIC, "/sys/fs/cgroup/unified": TMPFS_MAGIC})
     assert layout.name == "v1"
     assert any("statfs says 0x1021994" in c for c in layout.conflicts)
 
 
 def test_mountinfo_octal_escapes_are_decoded():
-    (m,) = parse_mountinfo(r"41 31 0:38 / /mnt/my\040cgroup rw - cgroup2 cgroup2 rw")
-    assert m.mountpoint == "/mnt/my cgroup"
+    (m,) = mountinfo.parse(r"41 31 0:38 / /mnt/my\040cgroup rw - cgroup2 cgroup2 rw")
+    assert m.mount_point == "/mnt/my cgroup"
 
 
 # --- own cgroup and the resolved root -------------------------------------------------------------
@@ -151,13 +154,19 @@ def test_the_root_is_truncated_at_the_innermost_service_or_scope(own, root):
 
 
 def test_own_cgroup_comes_from_the_0_line_only():
-    assert cgroup.own_cgroup("9:name=systemd:/x\n4:memory:/y\n0::/system.slice/a.service\n") == \
+    assert cgroupfs.own_cgroup("9:name=systemd:/x\n4:memory:/y\n0::/system.slice/a.service\n") == \
         "/system.slice/a.service"
-    assert cgroup.own_cgroup("4:memory:/y\n") is None
+    assert cgroupfs.own_cgroup("4:memory:/y\n") is None
+
+
+def test_this_hosts_own_cgroup_line_is_read():
+    text = Path("/proc/self/cgroup").read_text()
+    has_v2_line = any(line.startswith("0::") for line in text.splitlines())
+    assert (cgroupfs.own_cgroup(text) is not None) == has_v2_line
 
 
 def test_a_bind_mounted_subtree_maps_only_the_cgroups_it_shows():
-    m = Mount(root="/system.slice", mountpoint="/sys/fs/cgroup", fstype="cgroup2", super_options="rw")
+    (m,) = mountinfo.parse("30 23 0:26 /system.slice /sys/fs/cgroup rw - cgroup2 cgroup2 rw")
     assert fs_path(m, "/system.slice/a.service") == "/sys/fs/cgroup/a.service"
     assert fs_path(m, "/user.slice/x") is None
 
@@ -191,12 +200,12 @@ def test_scope_truncation_and_a_delegated_scope_passes_the_proof(tmp_path):
     except OSError as e:
         pytest.skip(f"tmp_path cannot hold a user.* xattr ({e.strerror}): the delegate mark cannot be faked")
     statfs = fake_statfs(tmp_path, {"/sys/fs/cgroup": CGROUP2_SUPER_MAGIC})
-    cg, deleg = cgroup.probe(host, statfs=statfs, ops=kernel_like_ops())
+    cg, deleg = cgroup.probe(host, statfs=statfs, fs=KernelLikeFs())
     assert cg.facts["root"].endswith("/app.slice/run-u7.scope")
     assert deleg.verdict is Verdict.supported, deleg.reason
     assert deleg.facts["root"] == cg.facts["root"]
     assert deleg.facts["promised"] is False
-    assert deleg.evidence["proof.memory.max"] == str(cgroup.PROOF_LIMIT)
+    assert deleg.evidence["proof.memory.max"] == str(cgroupfs.PROOF_LIMIT)
     assert deleg.evidence["proof.cleanup"] == "removed"
     assert not list(scope.glob("sbxc-proof-*"))
 
@@ -227,11 +236,11 @@ def test_hybrid_host_has_cgroup2_but_no_delegation_and_says_memory_is_on_v1(tmp_
 
 
 def test_a_symlink_to_the_hierarchy_root_is_still_the_hierarchy_root(tmp_path):
-    host, statfs = hybrid_host(tmp_path, env={cgroup.PROMISE_ENV: "/srv/innocent"})
+    host, statfs = hybrid_host(tmp_path, env={PROMISE_ENV: "/srv/innocent"})
     (tmp_path / "srv").mkdir()
     os.symlink(tmp_path / "sys/fs/cgroup/unified", tmp_path / "srv/innocent")
     (tmp_path / "sys/fs/cgroup/unified/cgroup.controllers").write_text("memory\n")
-    _, deleg = cgroup.probe(host, statfs=statfs, ops=kernel_like_ops())
+    _, deleg = cgroup.probe(host, statfs=statfs, fs=KernelLikeFs())
     assert deleg.verdict is Verdict.denied
     assert "machine's root cgroup" in deleg.reason
     assert not list(tmp_path.rglob("sbxc-proof-*"))
@@ -248,27 +257,27 @@ def test_a_symlink_to_the_hierarchy_root_is_still_the_hierarchy_root(tmp_path):
 ])
 def test_a_broken_promise_is_denied_naming_what_failed(tmp_path, promised, named):
     (tmp_path / "srv/not-a-cgroup").mkdir(parents=True)
-    host, statfs = hybrid_host(tmp_path, env={cgroup.PROMISE_ENV: promised})
+    host, statfs = hybrid_host(tmp_path, env={PROMISE_ENV: promised})
     _, deleg = cgroup.probe(host, statfs=statfs)
     assert deleg.verdict is Verdict.denied
     assert deleg.facts["promised"] is True
     assert named in deleg.reason
-    assert deleg.reason.startswith(cgroup.PROMISE_ENV)
+    assert deleg.reason.startswith(PROMISE_ENV)
     assert not list(tmp_path.rglob("sbxc-proof-*"))
 
 
 def test_a_promised_root_without_memory_is_denied_not_skipped(tmp_path):
-    host, statfs = hybrid_host(tmp_path, env={cgroup.PROMISE_ENV: "/sys/fs/cgroup/unified/sbxc"})
+    host, statfs = hybrid_host(tmp_path, env={PROMISE_ENV: "/sys/fs/cgroup/unified/sbxc"})
     cg_dir(tmp_path / "sys/fs/cgroup/unified/sbxc", "pids", "pids")
-    _, deleg = cgroup.probe(host, statfs=statfs, ops=kernel_like_ops())
+    _, deleg = cgroup.probe(host, statfs=statfs, fs=KernelLikeFs())
     assert deleg.verdict is Verdict.denied
     assert "no memory controller available" in deleg.reason
 
 
 def test_a_kept_promise_is_proved_and_the_child_removed(tmp_path):
-    host, statfs = hybrid_host(tmp_path, env={cgroup.PROMISE_ENV: "/sys/fs/cgroup/unified/sbxc"})
+    host, statfs = hybrid_host(tmp_path, env={PROMISE_ENV: "/sys/fs/cgroup/unified/sbxc"})
     root = cg_dir(tmp_path / "sys/fs/cgroup/unified/sbxc", "memory pids", "memory")
-    _, deleg = cgroup.probe(host, statfs=statfs, ops=kernel_like_ops())
+    _, deleg = cgroup.probe(host, statfs=statfs, fs=KernelLikeFs())
     assert deleg.verdict is Verdict.supported, deleg.reason
     assert deleg.facts == {"root": "/sys/fs/cgroup/unified/sbxc", "promised": True,
                            "candidate": "/sys/fs/cgroup/unified/sbxc"}
@@ -278,13 +287,15 @@ def test_a_kept_promise_is_proved_and_the_child_removed(tmp_path):
 def test_the_proof_child_is_removed_even_when_the_write_fails(tmp_path):
     root = cg_dir(tmp_path / "cg", "memory", "memory")
 
-    def mkdir_broken(p: Path) -> None:
-        os.mkdir(p)
-        (p / "memory.max").mkdir()  # the write will fail with EISDIR
-    ok, what, ev = cgroup.prove(root, ["memory"], CgroupOps(mkdir=mkdir_broken, rmdir=shutil.rmtree))
-    assert not ok
-    assert "EISDIR" in what
-    assert ev["proof.cleanup"] == "removed"
+    class BrokenFs(PlainFs):
+        def mkdir(self, path: Path) -> None:
+            os.mkdir(path)
+            (path / "memory.max").mkdir()  # the write will fail with EISDIR
+
+    proof = cgroupfs.prove(root, ["memory"], BrokenFs())
+    assert not proof.ok
+    assert "EISDIR" in proof.what
+    assert proof.evidence["proof.cleanup"] == "removed" and proof.leftover is None
     assert not list(root.glob("sbxc-proof-*"))
 
 
@@ -292,17 +303,30 @@ def test_a_missing_memory_max_is_not_created_by_the_proof(tmp_path):
     # On a plain directory (no kernel to populate the child), the proof must fail rather than create
     # memory.max as an ordinary file and call that a pass.
     root = cg_dir(tmp_path / "cg", "memory", "memory")
-    ok, what, ev = cgroup.prove(root, ["memory"], CgroupOps(rmdir=shutil.rmtree))
-    assert not ok and "ENOENT" in what
-    assert ev["proof.cleanup"] == "removed"
+    proof = cgroupfs.prove(root, ["memory"], PlainFs())
+    assert not proof.ok and "ENOENT" in proof.what
+    assert proof.evidence["proof.cleanup"] == "removed"
+
+
+def test_a_child_the_proof_cannot_remove_is_reported_as_left_over(tmp_path):
+    root = cg_dir(tmp_path / "cg", "memory", "memory")
+
+    class StuckFs(KernelLikeFs):
+        def rmdir(self, path: Path) -> None:
+            raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(path))
+
+    proof = cgroupfs.prove(root, ["memory"], StuckFs())
+    assert proof.ok  # the limit was proved; what is left is said, not hidden
+    assert proof.leftover is not None and "EBUSY" in proof.leftover
+    assert proof.evidence["proof.cleanup"].startswith("FAILED to remove")
 
 
 def test_failing_to_enable_memory_for_children_creates_nothing(tmp_path):
     root = tmp_path / "cg"
     root.mkdir()
     (root / "cgroup.subtree_control").mkdir()  # open(O_WRONLY) -> EISDIR, like a refused write
-    ok, what, _ = cgroup.prove(root, [], kernel_like_ops())
-    assert not ok and what.startswith("cannot enable memory for children")
+    proof = cgroupfs.prove(root, [], KernelLikeFs())
+    assert not proof.ok and proof.what.startswith("cannot enable memory for children")
     assert not list(root.glob("sbxc-proof-*"))
 
 
@@ -366,7 +390,7 @@ def test_the_real_host_layout_matches_stat_and_delegation_is_not_supported_on_hy
     assert after == before, f"left behind: {sorted(after - before)}"
     if expected != "hybrid":
         pytest.skip(f"this host is {expected}; the hybrid assertions are for the hybrid machine")
-    memory_on_v1 = "memory" in cgroup.v1_bound_controllers(Path("/proc/cgroups").read_text())
+    memory_on_v1 = "memory" in cgroupfs.v1_bound_controllers(Path("/proc/cgroups").read_text())
     assert memory_on_v1
     assert deleg.verdict is Verdict.unsupported
     assert "memory is bound to a cgroup v1 hierarchy" in deleg.reason
@@ -378,7 +402,7 @@ def test_the_real_host_denies_a_broken_promise_and_writes_nothing(promised):
     if fstype("/sys/fs/cgroup") == "cgroup2fs":
         pytest.skip("these promised paths describe the hybrid layout")
     before = cgroup_tree_snapshot()
-    _, deleg = cgroup.probe(Host(env={cgroup.PROMISE_ENV: promised}))
+    _, deleg = cgroup.probe(Host(env={PROMISE_ENV: promised}))
     assert cgroup_tree_snapshot() == before
     assert deleg.verdict is Verdict.denied
     assert promised in deleg.reason

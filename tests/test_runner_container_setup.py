@@ -7,7 +7,9 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -236,3 +238,195 @@ def test_a_controller_held_by_cgroup_v1_is_named_as_the_reason(tmp_path: Path, p
         Setup(Mode.container, mount=cgroup, proc=proc, env={}).enable(cgroup)
     assert f"lacks memory pids (has: hugetlb): {why}" in str(e.value)
     assert (cgroup / "cgroup.subtree_control").read_text() == ""  # refused before any write
+
+
+# ---- an offline machine: the base image, and the script that makes one from a Debian mirror ----------
+
+# An engine with no registry in reach: `info` answers (so the runner picks it), no image is in its store,
+# every pull fails with what the docker CLI prints offline. Each command line is logged, in $HOME: the
+# one variable of ours both the probe and the runner pass to an engine CLI (they filter the rest).
+OFFLINE_ENGINE = """\
+import json, os, sys
+args = sys.argv[1:]
+with open(os.path.join(os.environ["HOME"], "engine.log"), "a") as log:
+    log.write(json.dumps(args) + "\\n")
+if args[:1] == ["info"]:
+    print(json.dumps({"ServerVersion": "99.0-fake", "SecurityOptions": []}))
+    sys.exit(0)
+if args[:2] == ["image", "inspect"]:
+    print("Error: No such image: " + args[-1], file=sys.stderr)
+    sys.exit(1)
+if args[:1] == ["pull"]:
+    print('Error response from daemon: Get "https://registry-1.docker.io/v2/": dial tcp: lookup '
+          'registry-1.docker.io: no such host', file=sys.stderr)
+    sys.exit(1)
+sys.exit(0)
+"""
+
+
+@pytest.fixture
+def offline_engine(tmp_path: Path) -> tuple[Engine, Path, Path]:
+    """(engine, the directory holding its `docker`, its command log)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "docker"
+    script.write_text(f"#!{sys.executable}\n{OFFLINE_ENGINE}")
+    script.chmod(0o755)
+    log = tmp_path / "engine.log"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)}
+    return Engine("docker", str(script), env), bin_dir, log
+
+
+def test_an_unpullable_base_is_a_refusal_naming_base_image_and_the_script(offline_engine, tmp_path) -> None:
+    engine, _, log = offline_engine
+    said: list[str] = []
+    with pytest.raises(container.ContainerError) as e:
+        container.build_image(engine, base=None, say=said.append)
+    default = container.dockerfile_base(container.REPO / "Dockerfile")
+    assert default == "debian:bookworm-slim"  # the Dockerfile's own `ARG BASE=`, read, not assumed
+    assert str(e.value).startswith(f"the Dockerfile's base image {default} is not on the docker engine and "
+                                   "pulling it failed")
+    assert "no such host" in str(e.value)  # the engine's own words, as evidence
+    ways = e.value.ways_on
+    assert ways[0].startswith(f'--base-image "$({container.BASE_SCRIPT} --engine docker)"'), ways
+    assert any(w.startswith("--image NAME") for w in ways)
+    # Asked, then pulled, and never built: the build would only have failed on the same pull.
+    assert [c[:2] for c in _commands(log)] == [["image", "inspect"], ["pull", default]]
+
+
+def test_a_base_already_on_the_engine_is_built_on_without_a_pull(offline_engine, tmp_path) -> None:
+    engine, _, log = offline_engine
+    present = Engine(engine.kind, engine.path, {**engine.env})
+    # The same engine, except that `image inspect` finds the image: a local import.
+    script = Path(engine.path)
+    script.write_text(script.read_text().replace('if args[:2] == ["image", "inspect"]:',
+                                                 'if args[:2] == ["image", "inspect"] and False:'))
+    said: list[str] = []
+    assert container.build_image(present, base="bookworm-local", say=said.append) == container.DEFAULT_TAG
+    cmds = _commands(log)
+    assert [c[0] for c in cmds] == ["image", "build"]
+    assert "BASE=bookworm-local" in cmds[1] and not any(c[0] == "pull" for c in cmds)
+
+
+def test_run_in_container_mode_offline_refuses_with_the_way_on(offline_engine, tmp_path: Path) -> None:
+    """End to end through `sandbox-conformance run`: the runner's decision picks the fake engine (its
+    `info` answers), and the build step finds the base neither present nor pullable."""
+    _, bin_dir, log = offline_engine
+    verdict = tmp_path / "verdict.json"
+    env = {"PATH": f"{bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+           "LANG": "C.UTF-8", "HOME": str(tmp_path), "DOCKER_HOST": "tcp://127.0.0.1:9"}
+    c = subprocess.run([sys.executable, "-m", "runners.cli", "run", "--mode", "container",
+                        "--verdict-json", str(verdict)], cwd=container.REPO, env=env, capture_output=True,
+                       text=True, timeout=300)
+    lines = c.stderr.strip().splitlines()
+    if c.returncode == 75 and "container mode cannot run" in c.stderr and "not reachable" not in c.stderr:
+        # Inside a sandbox, say: the decision refuses before any engine is asked to build.
+        pytest.skip(f"the runner refuses container mode here before any build: {lines[0]}")
+    assert c.returncode == 75, c.stderr[-3000:]
+    assert "Traceback" not in c.stderr
+    refused = ("sandbox-conformance run: refused: the Dockerfile's base image debian:bookworm-slim is not on "
+               "the docker engine and pulling it failed")
+    assert any(ln.startswith(refused) for ln in lines), c.stderr
+    ways = [ln.split("way on: ", 1)[1] for ln in lines if "way on: " in ln]
+    assert any(w.startswith("--base-image \"$(") and "scripts/docker-base-image" in w for w in ways), ways
+    assert lines[-1].startswith("sandbox-conformance: REFUSED mode=container exit=75 ")
+    assert not any(cmd[0] == "build" for cmd in _commands(log))
+    doc = json.loads(verdict.read_text())
+    assert (doc["verdict"], doc["exit"], doc["ways_on"]) == ("REFUSED", 75, ways)
+    assert doc["reason"].startswith("the Dockerfile's base image debian:bookworm-slim is not on the docker")
+
+
+# An engine for the script: `version` answers, `image inspect` finds what `import` put there (a state file),
+# `build` records its Dockerfile. Commands are logged as above.
+SCRIPT_ENGINE = """\
+import json, os, sys
+args = sys.argv[1:]
+log, store = os.environ["FAKE_LOG"], os.environ["FAKE_LOG"] + ".images"
+with open(log, "a") as f:
+    f.write(json.dumps(args) + "\\n")
+images = open(store).read().split() if os.path.exists(store) else []
+if args[:1] == ["version"]:
+    sys.exit(int(os.environ.get("FAKE_VERSION_EXIT", "0")))
+if args[:2] == ["image", "inspect"]:
+    sys.exit(0 if args[-1] in images else 1)
+if args[:1] == ["import"]:
+    open(store, "a").write(args[2] + "\\n")
+if args[:1] == ["build"]:
+    with open(log + ".dockerfile", "w") as f:
+        f.write(open(os.path.join(args[-1], "Dockerfile")).read())
+sys.exit(0)
+"""
+SCRIPT = container.BASE_SCRIPT
+
+
+@pytest.fixture
+def script_env(tmp_path: Path) -> tuple[dict[str, str], Path, Path]:
+    """(environment, cache directory holding today's tarball, the engine's log). The tarball is a stand-in:
+    cached, so the script skips debootstrap (and needs no root), as it does on a second run the same day."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(f"#!{sys.executable}\n{SCRIPT_ENGINE}")
+    (bin_dir / "docker").chmod(0o755)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, timeout=30,
+                          check=True).stdout.strip()
+    today = time.strftime("%Y%m%d", time.gmtime())
+    (cache / f"bookworm-minbase-{today}-{arch}.tar").write_bytes(b"not really a tarball\n")
+    log = tmp_path / "engine.log"
+    env = {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "FAKE_LOG": str(log)}
+    return env, cache, log
+
+
+def _script(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_base_image_script_imports_once_and_prints_the_name_to_pass(script_env) -> None:
+    env, cache, log = script_env
+    [tarball] = cache.glob("bookworm-minbase-*.tar")
+    first = _script(env, str(cache))
+    assert first.returncode == 0, first.stderr
+    name = first.stdout.strip()
+    assert name == "sandbox-conformance-base:" + tarball.stem.replace("minbase-", "")  # bookworm-DATE-ARCH
+    assert first.stdout == name + "\n"  # one line: `--base-image "$(scripts/docker-base-image)"`
+    assert ["import", str(tarball), name] in _commands(log)
+    again = _script(env, str(cache))
+    assert (again.returncode, again.stdout) == (0, first.stdout)
+    assert sum(c[0] == "import" for c in _commands(log)) == 1  # already on the engine: not imported again
+    assert _script(env, "--tarball", str(cache)).stdout == f"{tarball}\n"
+
+
+def test_the_base_image_script_builds_the_docker_adapters_python3_image(script_env) -> None:
+    from conformance.adapters import docker
+
+    env, cache, log = script_env
+    done = _script(env, "--python3", str(cache))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "debian-with-python3\n"
+    [build] = [c for c in _commands(log) if c[0] == "build"]
+    base = next(c[2] for c in _commands(log) if c[0] == "import")
+    assert ("--build-arg", f"BASE={base}") in list(itertools.pairwise(build))
+    assert ("--tag", "debian-with-python3") in list(itertools.pairwise(build))
+    dockerfile = Path(f"{log}.dockerfile").read_text()
+    assert "FROM ${BASE}" in dockerfile and "apt-get install -y --no-install-recommends python3" in dockerfile
+    # The README's recipe names the image the adapter reads, and the variable it reads it from.
+    assert docker.IMAGE_ENV == "SANDBOX_CONFORMANCE_DOCKER_IMAGE"
+    readme = (container.REPO / "README.md").read_text()
+    assert f'{docker.IMAGE_ENV}="$(scripts/docker-base-image --python3)"' in readme
+
+
+@pytest.mark.parametrize(("args", "version_exit", "code", "says"), [
+    ((), "1", 75, "no container engine answers here"),
+    (("--engine", "docker"), "1", 75, "docker is installed but no engine answers"),
+    (("--engine", "podman"), "0", 75, "podman is not installed"),
+    (("--engine", "lxc"), "0", 2, "--engine: docker or podman"),
+    (("--tarball", "--python3"), "0", 2, "exclude each other"),
+])
+def test_the_base_image_script_says_what_is_missing(script_env, args: tuple[str, ...], version_exit: str,
+                                                    code: int, says: str) -> None:
+    env, cache, log = script_env
+    done = _script({**env, "FAKE_VERSION_EXIT": version_exit}, *args, str(cache))
+    assert (done.returncode, done.stdout) == (code, ""), done.stderr
+    assert says in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert not any(c[0] == "import" for c in (_commands(log) if log.exists() else []))

@@ -69,7 +69,8 @@ def test_the_delegated_rerun_goes_through_systemd_run_with_delegation() -> None:
     assert argv[:2] == ["/usr/bin/systemd-run", "--user"]
     assert "Delegate=yes" in argv and "--pipe" in argv and "--wait" in argv
     assert f"--setenv={native.DELEGATED_ENV}=1" in argv
-    assert argv[argv.index("--") + 1:] == ["/py", "-m", "runners.cli", "run", "--mode", "native"]
+    assert argv[argv.index("--") + 1:] == ["/bin/sh", "-c", native.ENTER_SUPERVISOR.replace("$", "$$"), "sh",
+                                           "/py", "-m", "runners.cli", "run", "--mode", "native"]
 
 
 @pytest.mark.parametrize("kind", ["docker", "podman"])

@@ -106,3 +106,50 @@ def test_the_mr_check_report_validates(tmp_path: Path) -> None:
     report = json.loads(done.stdout)
     jsonschema.validate(report, schema("mr-check-report"))
     assert report["touched"] is True and report["tiers"][0]["name"] == "seccomp"
+
+
+def _run(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict, str]:
+    """`sandbox-conformance run --verdict-json FILE ARGS`: (exit, the document, stderr)."""
+    doc = tmp_path / "verdict.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "runners.cli", "run", "--verdict-json", str(doc), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), **(env or {})},
+    )
+    assert doc.is_file(), f"no verdict document (exit {done.returncode}): {done.stderr[-2000:]}"
+    report = json.loads(doc.read_text())
+    jsonschema.validate(report, schema("run-verdict"))
+    return done.returncode, report, done.stderr
+
+
+def test_a_refused_runs_verdict_document_has_the_reason_and_the_ways_on(tmp_path: Path) -> None:
+    """A deployment signature whose config path exists: auto refuses here, whatever else this host is."""
+    present = tmp_path / "agentd.toml"
+    present.write_text("x = 1\n")
+    signature = tmp_path / "deployment.toml"
+    signature.write_text(f'[deployment]\nconfig_paths = ["{present}"]\n')
+    code, doc, stderr = _run(tmp_path, env={"SANDBOX_CONFORMANCE_DEPLOYMENT_CONFIG": str(signature)})
+    assert code == doc["exit"] == 75 and doc["verdict"] == "REFUSED", stderr[-2000:]
+    # The same as the lines a person reads, as data: the verdict line verbatim, each way on.
+    assert doc["line"] == stderr.strip().splitlines()[-1]
+    assert doc["reason"] and f"refused: {doc['reason']}" in stderr
+    assert doc["ways_on"] and all(f"way on: {w}" in stderr for w in doc["ways_on"])
+    assert (doc["mode"], doc["requested_mode"]) == ("auto", "auto")
+
+
+def test_a_usage_errors_verdict_document_names_it(tmp_path: Path) -> None:
+    code, doc, stderr = _run(tmp_path, "--timeout", "0")
+    assert code == doc["exit"] == 2 and doc["verdict"] == "ERROR"
+    assert doc["reason"] == "--timeout: expected a positive number of seconds" and doc["reason"] in stderr
+
+
+def test_a_passing_runs_verdict_document(tmp_path: Path, root_only: None) -> None:
+    code, doc, stderr = _run(tmp_path, "--mode", "native", "--", "-k", "loopback")
+    if code == 75:
+        pytest.skip(f"native mode refused here: {doc['reason']}")
+    assert code == doc["exit"] == 0 and doc["verdict"] == "PASS", stderr[-2000:]
+    assert doc["mode"] == "native" and doc["reason"] is None and doc["ways_on"] == []
+    assert doc["line"] == stderr.strip().splitlines()[-1]

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from probes.run import Completed
-from runners import vm, vm_image, vm_mode, vm_selfcheck, vm_suite
+from runners import vm, vm_image, vm_mode, vm_suite
 from runners.vm import Accel, VmError, VmResult, check_workdir, kernel_cmdline, qemu_argv, run_in_vm
 from runners.vm_image import (
     ImageError,
@@ -34,6 +34,9 @@ from runners.vm_image import (
     parse_meta_depends,
 )
 from runners.witness_args import WitnessOptions
+
+# The VM tier's oracle: run inside the guest under `python3 -I -S`, it reports what it saw as JSON.
+SELFCHECK = Path(__file__).resolve().with_name("vm_selfcheck.py")
 
 # ---------------------------------------------------------------- image: pure parts
 
@@ -290,7 +293,7 @@ def vm_run(tmp_path_factory, test_user) -> tuple[VmResult, dict, list[str]]:
     image = _image_or_skip()
     work = tmp_path_factory.mktemp("vm")
     result = run_in_vm(["/usr/bin/python3", "-I", "-S",
-                        str(Path(vm_selfcheck.__file__).resolve()), "--user", test_user],
+                        str(SELFCHECK), "--user", test_user],
                        workdir=work, timeout=600, image=image)
     leftover = _our_qemus(str(work))
     try:
@@ -568,3 +571,115 @@ def test_a_guest_that_hangs_before_stage2_is_killed_and_booted_once_more(tmp_pat
     assert r.exit_code is None and "did not start the command" in r.error and "2 times" in r.error, r.error
     assert starts.read_text().split() == ["started", "started"]
     assert not vm._qemu_pids(f"sbxc_work={work}")
+
+
+# ---------------------------------------------------------------- per-launch timeout (issue 19)
+
+
+def test_under_tcg_the_guest_suite_gets_a_launch_timeout_sized_for_emulation():
+    """Four `run --mode vm` at once on 2 cores went red at the witness's native 30 s per launch."""
+    assert vm_mode.launch_timeout(Accel.kvm) == 30.0
+    assert vm_mode.launch_timeout(Accel.tcg) >= 120.0
+    opts = WitnessOptions(pytest_args=("-k", "cgroup"))
+    argv = vm_mode.guest_argv(opts, leg_specs=["root"], summary=Path("/s.json"), timeout=600,
+                              launch_timeout=vm_mode.launch_timeout(Accel.tcg))
+    head = argv[:argv.index("--")]
+    assert head[head.index("--launch-timeout") + 1] == "120.0"
+    # The guest driver puts it on the witness command, before any `-- PYTEST ARGS`.
+    leg = vm_suite.witness_argv("root", "u", opts.argv(), launch_timeout=120.0, python="/py")
+    assert leg[:4] == ["/py", "-m", "runners.cli", "witness"]
+    assert leg[leg.index("--timeout") + 1] == "120.0" and leg.index("--timeout") < leg.index("--")
+    assert leg[leg.index("--") + 1:] == ["-k", "cgroup"]
+    assert "--timeout" not in vm_suite.witness_argv("root", None, [], launch_timeout=None)
+
+
+def test_run_vm_hands_the_guest_the_launch_timeout_of_the_accelerator_it_boots(tmp_path, monkeypatch):
+    booted: list[list[str]] = []
+
+    def fake_run_in_vm(argv, **kw):
+        booted.append(list(argv))
+        return VmResult(0, "", "", 3.0, 5.0, Accel.tcg)
+
+    image = VmImage("6.1.0-57-amd64", tmp_path / "k", tmp_path / "i", tmp_path)
+    monkeypatch.setattr(vm_image, "ensure_image", lambda: image)
+    monkeypatch.setattr(vm, "select_accel", lambda image: Accel.tcg)
+    monkeypatch.setattr(vm, "run_in_vm", fake_run_in_vm)
+    code = vm_mode.run_vm(WitnessOptions(), timeout=600, say=lambda s: None, environ={})
+    assert code == 0
+    [argv] = booted
+    head = argv[:argv.index("--")]
+    assert head[head.index("--launch-timeout") + 1] == str(vm_mode.launch_timeout(Accel.tcg))
+
+
+# ---------------------------------------------------------------- systemd guests, seeds, the initramfs
+
+
+def test_a_systemd_guest_boots_its_own_target_with_the_hosts_services_kept_down(tmp_path):
+    guest = vm.SystemdGuest()
+    args = guest.kernel_args()
+    assert "sbxc_init=systemd" in args and f"systemd.unit={guest.TARGET}" in args and "fstab=no" in args
+    masked = {a.split("=", 1)[1] for a in args if a.startswith("systemd.mask=")}
+    assert {"docker.socket", "docker.service", "systemd-hwdb-update.service"} <= masked
+    units = guest.units(tmp_path)
+    service = units[f"/etc/systemd/system/{guest.SERVICE}"]
+    assert f"ExecStart=/usr/bin/python3 -I -S {tmp_path}/{vm.CONTROL}/stage2.py {tmp_path}" in service
+    target = units[f"/etc/systemd/system/{guest.TARGET}"]
+    assert "Requires=basic.target" in target and guest.SERVICE in target and "multi-user" not in target
+    # /tmp is the host's (a CI clone may live there): never emptied at boot.
+    assert units["/etc/tmpfiles.d/tmp.conf"].split() == ["d", "/tmp", "1777", "root", "root", "-"]
+
+
+def test_seed_files_and_the_systemd_switch_reach_the_guest(tmp_path, fake_image):
+    work = tmp_path / "work"
+    work.mkdir()
+    seen: dict[str, str] = {}
+
+    class Guest(FakeGuest):
+        def __call__(self, argv, **kw):
+            control = work / ".sbxc-vm"
+            seen.update({str(p.relative_to(control / "root")): p.read_text()
+                         for p in (control / "root").rglob("*") if p.is_file()})
+            seen["-append"] = argv[argv.index("-append") + 1]
+            return super().__call__(argv, **kw)
+
+    guest = Guest(exit_code=0)
+    r = run_in_vm(["true"], workdir=work, timeout=30, image=fake_image, accel=Accel.tcg, runner=guest,
+                  seed={"/etc/x.toml": "a = 1\n"}, systemd=vm.SystemdGuest(boot_budget=99.0))
+    assert r.exit_code == 0
+    assert seen["etc/x.toml"] == "a = 1\n" and f"etc/systemd/system/{vm.SystemdGuest.SERVICE}" in seen
+    assert "sbxc_init=systemd" in seen["-append"].split()
+    assert guest.calls[0][1] == 30 + 99.0  # the systemd boot's own budget
+    assert not (work / ".sbxc-vm").exists()
+
+
+def test_init_unmounts_its_own_proc_before_switch_root():
+    """Left mounted under the new root, the initramfs' /proc counted as a fully visible procfs
+    (mnt_already_visible walks every mount of the namespace): a masked /proc never refused a fresh
+    procfs in the guest (seen on the first lab boot: pidns.proc supported under a masked file)."""
+    lines = [line.split("#", 1)[0].strip() for line in vm_image.INIT_SCRIPT.splitlines()]
+    for target in ("/newroot /usr/bin/python3", "/newroot /lib/systemd/systemd"):
+        at = next(i for i, line in enumerate(lines) if line.startswith(f"exec switch_root {target}"))
+        assert any(line.startswith("umount /proc") for line in lines[:at][-6:]), target
+    assert "cp" in vm_image.APPLETS and "rm" in vm_image.APPLETS
+
+
+def test_a_stale_initramfs_is_rebuilt_from_the_cached_kernel_without_a_download(tmp_path):
+    busybox = tmp_path / "busybox"
+    busybox.write_bytes(_elf64(interp=False))
+    d = tmp_path / "6.1.0-57-amd64"
+    (d / "modules").mkdir(parents=True)
+    (d / "modules" / "9p.ko").write_bytes(b"P")
+    (d / "vmlinux").write_bytes(b"k")
+    (d / "initramfs-0000.cpio").write_bytes(b"old")
+    (d / "manifest.json").write_text(json.dumps({
+        "kernel_version": "6.1.0-57-amd64", "kernel": "vmlinux", "initramfs": "initramfs-0000.cpio",
+        "modules": ["9p"], "wanted": list(vm_image.WANTED_MODULES)}))
+    image = vm_image.refresh_initramfs(d, busybox=busybox)
+    assert image is not None and image.kernel == d / "vmlinux"
+    assert image.initramfs.name == vm_image.initramfs_name(busybox.read_bytes(), [("9p", b"P")])
+    assert vm_image.INIT_SCRIPT.encode() in image.initramfs.read_bytes()
+    assert (d / "initramfs-0000.cpio").exists()  # a run that loaded it a moment ago may still boot it
+    # Another module list cannot be refreshed: that needs the kernel package again.
+    doc = json.loads((d / "manifest.json").read_text())
+    (d / "manifest.json").write_text(json.dumps({**doc, "wanted": ["9p"]}))
+    assert vm_image.refresh_initramfs(d, busybox=busybox) is None

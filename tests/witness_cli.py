@@ -17,6 +17,8 @@ def witness(
 ) -> subprocess.CompletedProcess[str]:
     """`sandbox-conformance witness ARGS` in a subprocess, with only PATH (plus env) inherited."""
     full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(env or {})}
+    if "XDG_STATE_HOME" in os.environ:  # the session's (tests/conftest.py), for the logs red runs keep
+        full.setdefault("XDG_STATE_HOME", os.environ["XDG_STATE_HOME"])
     return subprocess.run(
         [sys.executable, "-m", "runners.cli", "witness", *args],
         cwd=REPO,

@@ -304,7 +304,7 @@ def render(config: Mapping[str, Any], values: Mapping[str, str], args: Sequence[
             return {k: walk(x) for k, x in v.items()}
         return v
 
-    out = walk(copy.deepcopy(dict(config)))
+    out: dict[str, Any] = walk(copy.deepcopy(dict(config)))
     out["process"]["args"] = list(args)
     return out
 

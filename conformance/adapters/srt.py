@@ -122,7 +122,9 @@ def allowed_domains(network: Mapping[str, Any] | None) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def settings(spec: Mapping[str, Any], network: Mapping[str, Any] | None, found: Mapping[str, str]) -> dict:
+def settings(
+    spec: Mapping[str, Any], network: Mapping[str, Any] | None, found: Mapping[str, str]
+) -> dict[str, Any]:
     """srt's settings file for this task (PURE)."""
     return {
         "network": {"allowedDomains": allowed_domains(network), "deniedDomains": []},

@@ -19,6 +19,15 @@ PROPERTIES = (
     "PrivateIPC=yes",
     "ProtectHostname=yes",  # a private uts namespace
     "ProtectSystem=strict",  # the whole file system read-only but /dev, /proc, /sys...
+    # ...and but /home, /root, /run/user, which `strict` leaves to ProtectHome= (default no: writable,
+    # seen as write_surface BROKEN under systemd 252, tests/test_host_shape_lab.py).
+    "ProtectHome=read-only",
+    # A private /dev (a tmpfs of the task's own with null, zero, random, tty...), not the host's
+    # devtmpfs; systemd still binds the host's /dev/shm and /dev/hugepages into it, so those get a
+    # tmpfs of their own / nothing.
+    "PrivateDevices=yes",
+    "TemporaryFileSystem=/dev/shm",
+    "InaccessiblePaths=-/dev/hugepages",
     "ReadWritePaths={workdir} {user_tmp}",  # ...except these
     "TemporaryFileSystem={state}/db:ro",  # the mask: an empty read-only tmpfs
     "TemporaryFileSystem={state}/users:ro",  # hides other tasks and users...

@@ -43,6 +43,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 EX_SOFTWARE = 70
@@ -128,6 +129,9 @@ def reference_body(spec: Mapping[str, object], *, disable_userns: bool) -> tuple
 
 # ---- --join ------------------------------------------------------------------------------------------
 
+# What python-prctl and the os module lack, through libc: setns(2) (os.setns is Python >= 3.12) and the
+# prctl(2) options python-prctl 1.8 has no binding for (see _drop_capabilities). Loaded here, in our own
+# process: the forked child that calls it has chrooted into the sandbox, where no library can be found.
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -137,7 +141,7 @@ def _setns(fd: int, nstype: int, what: str) -> None:
         raise SetupError(f"setns({what}): {os.strerror(err)}")
 
 
-def _prctl(option: int, arg: int, arg2: int = 0) -> None:
+def _libc_prctl(option: int, arg: int, arg2: int = 0) -> None:
     if _libc.prctl(option, arg, arg2, 0, 0) != 0:
         err = ctypes.get_errno()
         raise SetupError(f"prctl({option}, {arg}): {os.strerror(err)}")
@@ -180,7 +184,8 @@ def _enter(holder: int) -> None:
     os.fchdir(cwd)
 
 
-def _drop_capabilities() -> None:
+def _drop_capabilities(prctl: ModuleType) -> None:
+    """`prctl` is python-prctl, imported by the caller before it forked (see join)."""
     # setns(CLONE_NEWUSER) grants a full permitted, effective AND bounding set in the new namespace
     # (kernel/user_namespace.c, set_cred_user_ns). An empty bounding set makes execve leave uid 0
     # with no capabilities (capabilities(7): P'(permitted) = (P(inh) & F(inh)) | (F(perm) & P(bset))),
@@ -189,8 +194,14 @@ def _drop_capabilities() -> None:
     with contextlib.suppress(OSError, ValueError):
         last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
     for cap in range(last + 1):
-        _prctl(PR_CAPBSET_DROP, cap)
-    _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+        if cap <= prctl.CAP_LAST_CAP:
+            prctl.capbset_drop(cap)  # OSError on failure: the child reports it and exits EX_SOFTWARE
+        else:
+            # python-prctl refuses a capability newer than the libcap it was built against
+            # (ValueError "Unknown capability"); the kernel still has it, so drop it through libc.
+            _libc_prctl(PR_CAPBSET_DROP, cap)
+    # python-prctl 1.8 has no PR_CAP_AMBIENT binding (its _prctl module knows no such option).
+    _libc_prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
 
 
 def _task_env(spec: Mapping[str, object]) -> dict[str, str]:
@@ -204,6 +215,10 @@ def _task_env(spec: Mapping[str, object]) -> dict[str, str]:
 
 
 def join(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object]) -> int:
+    # Imported now, in our own process with the venv: the forked child that uses it enters the
+    # sandbox's mount namespace and root first, where the venv is not there to import from.
+    import prctl  # type: ignore[import-untyped]  # python-prctl ships no stubs and no py.typed
+
     python = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
     holder_argv = (python, "-I", "-S", "-c", HOLDER)
     bwrap = subprocess.Popen(
@@ -225,7 +240,7 @@ def join(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object]) ->
                 _enter(holder)
                 task = os.fork()
                 if task == 0:
-                    _drop_capabilities()
+                    _drop_capabilities(prctl)
                     os.execvpe(cmd[0], list(cmd), _task_env(spec))
                 code = os.waitstatus_to_exitcode(os.waitpid(task, 0)[1])
             except (SetupError, OSError) as e:
@@ -366,6 +381,8 @@ def forge_document() -> int:
         "status": {"CapEff": "0000000000000000", "NoNewPrivs": "1"},
         "environment": {"PATH": "/usr/bin:/bin"},
         "nested_userns": {d: {"ok": False, "errno": "ENOSPC"} for d in ("clone", "clone3", "unshare")},
+        # The workdir a perfect sandbox starts the task in: only the host's look can tell.
+        "cwd": str(_spec().get("workdir", "")),
     }
     sys.stdout.write(json.dumps(doc) + "\n")
     return 0

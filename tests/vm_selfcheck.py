@@ -1,7 +1,7 @@
 """What the VM mode promises, observed from inside one VM boot; prints one JSON document.
 
 Run by tests/test_vm.py (and usable by hand) as root inside the guest:
-    run_in_vm(["/usr/bin/python3", "-I", "-S", ".../runners/vm_selfcheck.py", "--user", "sbxc-test"], ...)
+    run_in_vm(["/usr/bin/python3", "-I", "-S", ".../tests/vm_selfcheck.py", "--user", "sbxc-test"], ...)
 Everything is batched into this one program because the VM runs under TCG here (one boot per run):
   hierarchy   /proc/self/cgroup, the cgroup mounts, the root's controllers
   setup       runners.cgroup_setup --in vm: the delegated root it proved

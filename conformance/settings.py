@@ -1,0 +1,194 @@
+"""The witness run's settings: validated once, frozen, handed to the pytest plugin.
+
+`sandbox-conformance witness` builds them from its options and hands the object to the plugin; a plain
+`pytest` run (the plugin's own `--sbxc-*` options and ini keys) builds them here too. Every check a
+setting needs lives in `build`, so the two ways in cannot disagree. A bad value raises SettingsError
+with one line naming the option; each caller turns it into its own usage error (exit 2)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from conformance import bwrap_argv
+from conformance import profile as profile_mod
+from conformance.launch import REFERENCE, Launcher, LauncherKind, external
+from probes.finding import Finding
+
+REQUIRE_ENV = "SANDBOX_CONFORMANCE_REQUIRE"
+# The probes whose findings guard witnesses (conformance/harness.py).
+GUARD_PROBES = ("disable_userns", "cgroup.delegation")
+# The probe findings a `run` already made, handed to the witness process it starts (JSON, see
+# `handover`): the guard probes are not run twice for the same user in the same environment.
+FINDINGS_ENV = "SANDBOX_CONFORMANCE_FINDINGS"
+# A name a launcher's environment may carry: what a shell accepts as a variable name.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class SettingsError(ValueError):
+    """One line naming the option and what was expected."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    profile: profile_mod.Profile
+    launcher: Launcher
+    as_user: str | None = None
+    timeout: float = 30.0
+    perturbations: frozenset[str] = frozenset()
+    require: bool = False
+    expected_skips: dict[str, str] | None = None  # None: no expected-skips file given
+    host_cannot_observe: str | None = None  # why the host cannot see the launcher's tasks
+    harness_leaf: bool = False  # an external launcher's tasks get the harness's cgroup leaf too
+    # Extra variables for the launcher's otherwise minimal environment (--launcher-env NAME=VALUE).
+    launcher_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # Where each task's layout is made (--layout-root): a sandbox with a private /tmp needs another.
+    layout_root: str | None = None
+    # Guard findings handed down by `run` (FINDINGS_ENV); None: the session probes for itself.
+    guard: Mapping[str, Finding] | None = None
+
+    @property
+    def leaves_by_harness(self) -> bool:
+        """The harness makes and enters each task's cgroup leaf: for its own sandbox only. Any other
+        launcher's limits are that sandbox's own promise (conformance/harness.py)."""
+        return self.launcher.kind is LauncherKind.reference or self.harness_leaf
+
+
+def read_expected_skips(path: str | Path) -> dict[str, str]:
+    """`test id | reason` per line, '#' comments. Ids are compared by their part after the last
+    '::', so the same file works whatever pytest's rootdir makes of the module's path."""
+    out: dict[str, str] = {}
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        nodeid, bar, reason = line.partition("|")
+        if not bar or not nodeid.strip():
+            raise ValueError(f"{path}:{n}: expected `test id | reason`, got {line!r}")
+        out[skip_key(nodeid.strip())] = reason.strip()
+    return out
+
+
+def skip_key(nodeid: str) -> str:
+    return nodeid.rsplit("::", 1)[-1]
+
+
+def parse_launcher_env(items: Iterable[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not _ENV_NAME.fullmatch(name):
+            raise SettingsError(f"--launcher-env {item!r}: expected NAME=VALUE")
+        out[name] = value
+    return out
+
+
+def check_layout_root(path: str) -> str:
+    """An existing directory we can create in, as an absolute path (the launch runs elsewhere)."""
+    where = os.path.abspath(path)
+    if not os.path.isdir(where):
+        raise SettingsError(f"--layout-root {path}: no such directory")
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise SettingsError(f"--layout-root {path}: not writable by this user")
+    return where
+
+
+def build(
+    *,
+    profile: str | None,
+    launcher: str | None,
+    as_user: str | None = None,
+    timeout: float | str | None = None,
+    perturb: Iterable[str] = (),
+    require: bool = False,
+    expected_skips: str | None = None,
+    host_cannot_observe: str | None = None,
+    harness_leaf: bool = False,
+    launcher_env: Iterable[str] = (),
+    layout_root: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    environ = os.environ if environ is None else environ
+    try:
+        prof = profile_mod.load(profile or None)
+    except profile_mod.ProfileError as e:
+        raise SettingsError(str(e)) from None
+    if not prof.promises():
+        raise SettingsError(f"{prof.source}: (profile): expected at least one promise the suite can witness")
+    try:
+        # `--launcher ''` is a mistake, not a request for the built-in sandbox.
+        lau = external(launcher) if launcher is not None else REFERENCE
+    except ValueError as e:
+        raise SettingsError(str(e)) from None
+    perturbations = frozenset(perturb)
+    unknown = perturbations - set(bwrap_argv.PERTURBATIONS)
+    if unknown:
+        raise SettingsError(
+            f"--perturb: unknown {', '.join(sorted(unknown))}; known: {', '.join(bwrap_argv.PERTURBATIONS)}"
+        )
+    if perturbations and lau.kind is not LauncherKind.reference:
+        raise SettingsError("--perturb applies to the reference launcher only, not with --launcher")
+    try:
+        expected = read_expected_skips(expected_skips) if expected_skips else None
+    except (OSError, ValueError) as e:
+        raise SettingsError(f"--expected-skips: {e}") from None
+    try:
+        seconds = float(timeout) if timeout not in (None, "") else 30.0
+    except ValueError:
+        raise SettingsError(f"--timeout {timeout!r}: expected a number of seconds") from None
+    if seconds <= 0:
+        raise SettingsError("--timeout: expected a positive number of seconds")
+    if host_cannot_observe is not None and not host_cannot_observe.strip():
+        raise SettingsError("--host-cannot-observe: say why the host cannot see the task")
+    return Settings(
+        profile=prof,
+        launcher=lau,
+        as_user=as_user,
+        timeout=seconds,
+        perturbations=perturbations,
+        require=require or environ.get(REQUIRE_ENV, "") not in ("", "0"),
+        expected_skips=expected,
+        host_cannot_observe=host_cannot_observe,
+        harness_leaf=harness_leaf,
+        launcher_env=parse_launcher_env(launcher_env),
+        layout_root=check_layout_root(layout_root) if layout_root is not None else None,
+        guard=handed_down(as_user, environ),
+    )
+
+
+# ---- findings handed down from `run` ---------------------------------------------------------------
+
+# What a guard finding depends on besides the user: a promised cgroup root changes cgroup.delegation.
+_DEPENDS_ON = ("SANDBOX_CONFORMANCE_CGROUP_ROOT",)
+
+
+def handover(findings: Iterable[Finding], *, as_user: str | None, environ: Mapping[str, str]) -> str:
+    """FINDINGS_ENV's value: the findings, for whom, and the environment they were made in."""
+    return json.dumps(
+        {
+            "as_user": as_user,
+            "environ": {k: environ.get(k) for k in _DEPENDS_ON},
+            "findings": [f.to_json() for f in findings],
+        }
+    )
+
+
+def handed_down(as_user: str | None, environ: Mapping[str, str]) -> dict[str, Finding] | None:
+    """The findings `run` handed down, if they were made for this user in this environment; None
+    otherwise (the session then probes for itself, as a direct `witness` does)."""
+    raw = environ.get(FINDINGS_ENV)
+    if not raw:
+        return None
+    try:
+        doc = json.loads(raw)
+        if doc.get("as_user") != as_user:
+            return None
+        if any(doc.get("environ", {}).get(k) != environ.get(k) for k in _DEPENDS_ON):
+            return None  # the process's environment changed since: re-probe
+        return {f.probe: f for f in map(Finding.from_json, doc["findings"])}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None  # a malformed handover is no evidence: probe again

@@ -1,0 +1,93 @@
+"""How a `sandbox-conformance run` ended, as one JSON document (`run --verdict-json FILE`, or
+SANDBOX_CONFORMANCE_VERDICT_JSON=FILE).
+
+The verdict line on stderr says the same for a person; this is for a program (mr-check reads it, so it
+never parses the runner's prose). Written for every outcome once the options parse: PASS, FAIL,
+REFUSED (with the reason and the ways on), ERROR (with the usage error), and KILLED-<SIGNAL> for a run
+stopped by a signal. Its schema is conformance/schemas/run-verdict.schema.json; docs/json-documents.md
+lists the keys.
+
+The witness reports themselves stay where `--json` puts them: a refused run has none, and the
+consumers of those files (fleet-report, the Ansible witness module) read them as witness reports."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+VERSION = 1
+FLAG = "--verdict-json"
+ENV = "SANDBOX_CONFORMANCE_VERDICT_JSON"  # the environment form of FLAG
+# The words of the verdict line (runners/run_cmd.py), then KILLED-<SIGNAL> (probes/cancel.py).
+WORDS = ("PASS", "FAIL", "REFUSED", "ERROR")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunVerdict:
+    verdict: str  # PASS, FAIL, REFUSED, ERROR, or KILLED-SIGTERM / -SIGINT / -SIGHUP
+    mode: str  # the mode the run chose; the one requested when it chose none
+    requested_mode: str  # auto, native, container, vm
+    exit: int
+    seconds: float
+    line: str  # the verdict line as printed on stderr
+    reason: str | None = None  # REFUSED: the refusal; ERROR with exit 2: the usage error
+    because: tuple[str, ...] = ()  # a refused decision's further reasons
+    ways_on: tuple[str, ...] = ()  # what would let it run
+    notes: tuple[str, ...] = ()  # the decision's notes (what this host cannot test, and where it could)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": VERSION, "verdict": self.verdict, "mode": self.mode,
+                "requested_mode": self.requested_mode, "exit": self.exit, "seconds": round(self.seconds, 3),
+                "line": self.line, "reason": self.reason, "because": list(self.because),
+                "ways_on": list(self.ways_on), "notes": list(self.notes)}
+
+    @classmethod
+    def from_json(cls, doc: object) -> RunVerdict:
+        """The document back; ValueError when it is not one this version wrote."""
+        if not isinstance(doc, Mapping) or doc.get("version") != VERSION:
+            raise ValueError(f"not a run verdict document of version {VERSION}")
+        try:
+            out = cls(str(doc["verdict"]), str(doc["mode"]), str(doc["requested_mode"]), int(doc["exit"]),
+                      float(doc["seconds"]), str(doc["line"]),
+                      None if doc["reason"] is None else str(doc["reason"]),
+                      _strings(doc["because"]), _strings(doc["ways_on"]), _strings(doc["notes"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"a run verdict document without a valid {e}") from None
+        return out
+
+
+def _strings(value: object) -> tuple[str, ...]:
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        raise TypeError("list of strings")
+    return tuple(str(v) for v in value)
+
+
+def write(path: str | Path, verdict: RunVerdict) -> None:
+    """Atomically (a temp file in the same directory, then rename(2)): a reader never sees half a
+    document, and a run killed mid-write leaves the previous file or none."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)  # Path("f").parent is Path(".")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(verdict.to_json(), f, indent=2)
+            f.write("\n")
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def read(path: str | Path) -> RunVerdict | None:
+    """The document at `path`, or None when there is none or it is not one (the runner died before it
+    wrote one, or something else wrote the file)."""
+    try:
+        return RunVerdict.from_json(json.loads(Path(path).read_text()))
+    except (OSError, ValueError):
+        return None

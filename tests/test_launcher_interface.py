@@ -1,0 +1,157 @@
+"""What an external launcher is given (issue 13, item 3): the task spec with the whole resolved
+profile, a setting of its own through --launcher-env, a layout root of the user's choosing, the
+placeholders named the same everywhere; and what `run` hands the witness process it starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from witness_cli import REPO, junit, witness
+
+from conformance import plan, settings
+from conformance.profile import PLACEHOLDERS, Filesystem, Profile
+from probes.finding import Finding, Verdict
+
+WORKDIR_START = "test_the_task_starts_in_its_working_directory"
+
+
+def _recording_launcher(tmp_path: Path, body: str) -> Path:
+    launcher = tmp_path / "launcher"
+    launcher.write_text(f'#!/bin/sh\n{body}\nexec "$@"\n')
+    launcher.chmod(0o755)
+    return launcher
+
+
+def test_the_task_spec_carries_the_profile_resolved_against_the_layout(tmp_path: Path) -> None:
+    copy = tmp_path / "spec.json"
+    launcher = _recording_launcher(tmp_path, f'cp "$SANDBOX_CONFORMANCE_TASK_SPEC" {copy}')
+    witness("--launcher", str(launcher), "--junitxml", str(tmp_path / "j.xml"))
+    spec = json.loads(copy.read_text())
+    fs = spec["filesystem"]
+    # The reference profile's templates, expanded: no placeholder is left for the launcher to guess.
+    assert f"{spec['state']}/db" in fs["masked"]
+    assert spec["workdir"] in fs["writable"]
+    assert spec["neighbour_control"] in fs["absent"] and spec["other_user"] in fs["absent"]
+    assert "/usr" in fs["read_only"] and spec["state"] in fs["read_only"]
+    assert not any("{" in p for paths in fs.values() for p in paths)
+    assert spec["task"]["workdir"] == spec["workdir"] and spec["task"]["control"] == spec["control"]
+    assert spec["namespaces"]["pid"] == "private" and spec["network"] == "none"
+    assert spec["process"] == {"capabilities": "none", "no_new_privs": True}
+
+
+def test_launcher_env_reaches_the_launcher_and_layout_root_holds_the_layout(tmp_path: Path) -> None:
+    seen = tmp_path / "seen"
+    root = tmp_path / "layouts"
+    root.mkdir()
+    launcher = _recording_launcher(
+        tmp_path, f'printf "%s\\n%s\\n" "$MY_SETTING" "$SANDBOX_CONFORMANCE_TASK_SPEC" > {seen}'
+    )
+    done = witness(
+        "--launcher", str(launcher), "--launcher-env", "MY_SETTING=a=b c", "--layout-root", str(root),
+        "--junitxml", str(tmp_path / "j.xml"),
+    )
+    assert "harness error" not in done.stdout, done.stdout
+    value, spec_path = seen.read_text().splitlines()
+    assert value == "a=b c"  # split at the first '=' only, spaces kept
+    assert Path(spec_path).is_relative_to(root)
+    assert list(root.iterdir()) == []  # removed after the run
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--launcher-env", "NOEQUALS"], "--launcher-env 'NOEQUALS': expected NAME=VALUE"),
+        (["--launcher-env", "1X=y"], "expected NAME=VALUE"),
+        (["--layout-root", "/nonexistent/sbxc"], "--layout-root /nonexistent/sbxc: no such directory"),
+    ],
+)
+def test_bad_launcher_interface_options_exit_2_with_one_line(args: list[str], says: str) -> None:
+    done = witness("--launcher", "env", *args)
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_placeholders_are_listed_identically_in_readme_help_and_code() -> None:
+    readme = (REPO / "README.md").read_text()
+    listed = re.search(r"<!-- placeholders -->(.*?)<!-- /placeholders -->", readme)
+    assert listed is not None, "README.md lost its placeholder list"
+    assert re.findall(r"`\{(\w+)\}`", listed.group(1)) == list(PLACEHOLDERS)
+    helptext = subprocess.run(
+        [sys.executable, "-m", "runners.cli", "witness", "--help"], capture_output=True, text=True,
+        timeout=60, cwd=REPO, env={"PATH": os.environ["PATH"], "COLUMNS": "400"},
+    ).stdout
+    assert all("{" + p + "}" in helptext for p in PLACEHOLDERS), helptext
+    from conformance.layout import create, remove
+
+    lay = create()
+    try:
+        assert tuple(lay.values()) == PLACEHOLDERS  # every placeholder has a value, in that order
+    finally:
+        remove(lay)
+
+
+def test_the_read_only_witness_reads_only_a_file_anyone_may_read(tmp_path: Path) -> None:
+    ro = tmp_path / "etc"
+    ro.mkdir()
+    (ro / ".lock").write_text("secret")  # sorts first, as /etc/.pwd.lock does
+    (ro / ".lock").chmod(0o600)
+    (ro / "motd").write_text("hello")
+    (ro / "motd").chmod(0o644)
+    prof = Profile(name="t", source="t", filesystem=Filesystem(read_only=(str(ro),)))
+    host = plan.HostView(
+        namespaces={}, harness_pid=1, harness_cmdline=(), pid1_cmdline=(), hostname="h",
+        tcp_targets=(), abstract_name="x", secret_key="K", secret_value="V", cgroup="/",
+    )
+    built = plan.build(prof, {p: "/nonexistent" for p in PLACEHOLDERS}, "n", host, task_uid=12345)
+    reads = [o["path"] for o in built.ops if o["op"] == "read"]
+    appends = [o for o in built.ops if o["op"] == "append"]
+    assert reads == [str(ro / "motd")]
+    # The write is still tried on the first file, unowned by the task user: EACCES is accepted there.
+    assert appends and appends[0]["path"] == str(ro / ".lock") and appends[0]["owned"] is False
+
+
+def test_a_task_that_starts_elsewhere_or_in_a_copy_breaks_the_workdir_promise(tmp_path: Path) -> None:
+    """Two broken sandboxes: one starts the task in /, one in an empty tmpfs at the workdir's path
+    (the path inside is right; only the host's look at /proc/PID/cwd tells them apart)."""
+    base = "bwrap --unshare-all --die-with-parent --dev-bind / / --proc /proc"
+    for extra in ("--chdir /", "--tmpfs {workdir} --chdir {workdir}"):
+        out = tmp_path / f"j{len(extra)}.xml"
+        done = witness("--launcher", f"{base} {extra}", "--junitxml", str(out))
+        assert junit(out)[WORKDIR_START] == "failure", (extra, done.stdout)
+    good = tmp_path / "good.xml"
+    witness("--launcher", f"{base} --chdir {{workdir}}", "--junitxml", str(good))
+    assert junit(good)[WORKDIR_START] == "passed"
+
+
+def _finding(probe: str, reason: str) -> Finding:
+    return Finding(probe=probe, verdict=Verdict.unsupported, reason=reason)
+
+
+def test_findings_are_handed_down_only_for_the_same_user_and_environment() -> None:
+    f = [_finding("disable_userns", "handed down")]
+    env = {"SANDBOX_CONFORMANCE_CGROUP_ROOT": "/sys/fs/cgroup/x"}
+    raw = settings.handover(f, as_user=None, environ=env)
+    got = settings.handed_down(None, {**env, settings.FINDINGS_ENV: raw})
+    assert got is not None and got["disable_userns"].reason == "handed down"
+    assert settings.handed_down("sbxc-test", {**env, settings.FINDINGS_ENV: raw}) is None
+    # The promised cgroup root changed since (native mode drops it): re-probe.
+    assert settings.handed_down(None, {settings.FINDINGS_ENV: raw}) is None
+    assert settings.handed_down(None, {settings.FINDINGS_ENV: "{not json"}) is None
+
+
+def test_the_witness_process_uses_the_findings_run_handed_down(tmp_path: Path) -> None:
+    """The witness command takes the guard findings from the handover instead of probing again: a
+    handed-down `disable_userns` verdict is the one its nested-userns witness skips with."""
+    raw = settings.handover(
+        [_finding("disable_userns", "sbxc-handed-down-marker"), _finding("cgroup.delegation", "none here")],
+        as_user=None,
+        environ={},
+    )
+    done = witness("--junitxml", str(tmp_path / "j.xml"), env={settings.FINDINGS_ENV: raw})
+    assert "sbxc-handed-down-marker" in done.stdout, done.stdout
