@@ -15,6 +15,7 @@ test-run.sh is bubblewrap's (LGPL-2.0-or-later); nothing of it is kept in this r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -162,11 +163,33 @@ def _tap(argv: list[str], cwd: str, env: dict[str, str]) -> TapRun:
     return TapRun(seconds, len(results), failed)
 
 
+# test-run.sh 0.8.0 makes `mktemp /tmp/bwrap-test-XXXXXXXX` for one test and never removes it.
+LEAKED = "bwrap-test-"
+
+
 def run_test_run_sh(tests: Path, bwrap: str) -> TapRun:
     """One run of bubblewrap's tests/test-run.sh against `bwrap`. It makes and removes its own
-    /var/tmp/tap-test.XXXXXX (libtest.sh)."""
+    /var/tmp/tap-test.XXXXXX (libtest.sh); the /tmp file it leaks is removed here (only names
+    that appeared during this run)."""
     env = minimal_env({"BWRAP": bwrap})
-    return _tap(["bash", str(tests / "test-run.sh")], str(tests), env)
+    before = set(_leaked())
+    try:
+        return _tap(["bash", str(tests / "test-run.sh")], str(tests), env)
+    finally:
+        for name in set(_leaked()) - before:
+            path = os.path.join("/tmp", name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+
+
+def _leaked() -> list[str]:
+    try:
+        return [n for n in os.listdir("/tmp") if n.startswith(LEAKED)]
+    except OSError:
+        return []
 
 
 def comparable_script(bwrap: str, results: int = COMPARABLE_RESULTS) -> str:
