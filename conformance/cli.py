@@ -54,8 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="set NAME in the launcher's environment, which is otherwise minimal (PATH, LANG, the task "
-        "spec's path); repeatable",
+        help="set NAME in the launcher's environment, which is otherwise minimal (PATH, LANG, LC_ALL, "
+        "TERM, TZ, the task spec's path); repeatable",
     )
     p.add_argument(
         "--layout-root",
@@ -212,8 +212,6 @@ def _validate(args: argparse.Namespace) -> Settings:
         if value is not None and value != "-":
             check_writable(flag, value)
     check_as_user(args.as_user)
-    if args.expected_skips and not Path(args.expected_skips).is_file():
-        raise UsageError(f"--expected-skips: {args.expected_skips}: no such file")
     try:
         return settings_mod.build(
             profile=profile,
@@ -298,8 +296,6 @@ def _main(args: argparse.Namespace, out: output.WitnessOutput) -> int:
         "-o",
         f"timeout={int(args.timeout) + 60}",
         "-rfEs",
-        "--sbxc-timeout",
-        str(args.timeout),
     ]
     if not _plugin_registered():
         argv += ["-p", "conformance.plugin"]

@@ -274,19 +274,28 @@ def held_mounts(base: Path, mounts: Sequence[mountinfo.Mount]) -> frozenset[int]
     """The mounts serving the task's cwd, root and every open descriptor. readlink(2) on /proc/PID/cwd
     and fd/N gives the path as the task's own mount namespace names it (proc(5)). The MOUNT counts,
     not the filesystem: a second mount of the same filesystem (a bind in a directory the task cannot
-    search) is no way in. A reference that does not resolve to a path is left out: the mount is then
-    judged reachable, never excused."""
+    search) is no way in. A reference whose path does not lead to a mount of its own filesystem (a
+    deleted file, a descriptor opened outside the task's root) holds every mount of that filesystem:
+    such a mount is then judged as reachable, never excused."""
     refs = [base / "cwd", base / "root"]
     with contextlib.suppress(OSError):
         refs += [base / "fd" / n for n in os.listdir(base / "fd")]
-    out = set()
+    out: set[int] = set()
     for ref in refs:
-        with contextlib.suppress(OSError):
+        try:
+            st = os.stat(ref)  # the kernel follows the task's own reference
+        except OSError:
+            continue  # gone since the listing: holds nothing
+        dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+        try:
             target = os.readlink(ref)
-            if target.startswith("/") and not target.endswith(" (deleted)"):
-                m = mountinfo.serving(mounts, target)
-                if m is not None:
-                    out.add(m.mount_id)
+        except OSError:
+            target = ""
+        m = mountinfo.serving(mounts, target) if target.startswith("/") else None
+        if m is not None and m.dev == dev and not target.endswith(" (deleted)"):
+            out.add(m.mount_id)
+        else:
+            out |= {x.mount_id for x in mounts if x.dev == dev}
     return frozenset(out)
 
 

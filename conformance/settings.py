@@ -134,6 +134,8 @@ def build(
         raise SettingsError("--perturb applies to the reference launcher only, not with --launcher")
     try:
         expected = read_expected_skips(expected_skips) if expected_skips else None
+    except (FileNotFoundError, IsADirectoryError):
+        raise SettingsError(f"--expected-skips: {expected_skips}: no such file") from None
     except (OSError, ValueError) as e:
         raise SettingsError(f"--expected-skips: {e}") from None
     try:

@@ -72,11 +72,12 @@ def run_native(options: WitnessOptions, *, timeout: float, environ: Mapping[str,
     """`findings`: what this run already probed, handed to the witness process so it does not probe
     the same things again (conformance/settings.py: it re-probes where the user or the environment
     they depend on differ)."""
-    env = native_env(os.environ if environ is None else environ)
+    ours = os.environ if environ is None else environ
+    env = native_env(ours)
     guard = [f for f in findings if f.probe in GUARD_PROBES]
     if guard and options.as_user is None:
         # Made in our environment, which native_env may have changed: the record says which.
-        env[FINDINGS_ENV] = handover(guard, as_user=None, environ=os.environ if environ is None else environ)
+        env[FINDINGS_ENV] = handover(guard, as_user=None, environ=ours)
     # SIGTERM if we die: the witness run is ours and removes its own layout and leaves on the way out.
     return run(witness_argv(options), timeout=timeout, env=env, capture=False,
                die_with=signal.SIGTERM).returncode

@@ -170,6 +170,24 @@ def test_the_mounts_a_task_already_holds_are_never_unreachable(tmp_path: Path) -
         proc.wait()
 
 
+def test_a_reference_whose_path_leads_nowhere_holds_every_mount_of_its_filesystem(tmp_path: Path) -> None:
+    # A deleted file's descriptor names no mount: every mount of its filesystem is then judged.
+    f = tmp_path / "gone"
+    fd = os.open(f, os.O_CREAT | os.O_RDWR)
+    f.unlink()
+    proc = subprocess.Popen(["sleep", "30"], cwd="/", pass_fds=(fd,))
+    try:
+        os.close(fd)
+        mounts = mountinfo.parse(Path(f"/proc/{proc.pid}/mountinfo").read_text())
+        st = os.stat(tmp_path)
+        dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+        held = observer.held_mounts(Path(f"/proc/{proc.pid}"), mounts)
+        assert {m.mount_id for m in mounts if m.dev == dev} <= held
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_run_refuses_an_unwritable_report_before_probing_anything(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "runners.cli", "run", "--json", str(tmp_path / "missing" / "r.json")],
