@@ -155,8 +155,10 @@ def test_a_mount_behind_a_directory_the_task_cannot_search_is_unreachable(tmp_pa
 
 def test_the_mounts_a_task_already_holds_are_never_unreachable(tmp_path: Path) -> None:
     # cwd (and any open descriptor) inside a mount needs no path search: relative writes reach it.
-    # Another mount of the same filesystem is no way in: the mount counts, not the device.
-    proc = subprocess.Popen(["sleep", "30"], cwd=tmp_path)
+    # Another mount of the same filesystem is no way in: the mount counts, not the device. (No
+    # inherited descriptors: pytest's capture files are deleted temp files, which hold every mount.)
+    proc = subprocess.Popen(["sleep", "30"], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         mounts = mountinfo.parse(Path(f"/proc/{proc.pid}/mountinfo").read_text())
         held = observer.held_mounts(Path(f"/proc/{proc.pid}"), mounts)
