@@ -26,7 +26,7 @@ PYTHON = REPO / ".venv/bin/python"
 CLI = REPO / ".venv/bin/sandbox-conformance"
 SYSTEM_PYTHON = "/usr/bin/python3"  # what observers inside a sandbox run, as `python3 -I -S`
 TIMEOUT = 300.0
-EXIT_DID_NOT_RUN = 75  # nothing was measured (a missing venv, no bwrap), as the CLI's 75
+EXIT_UNAVAILABLE = 75  # nothing was measured (a missing venv, no bwrap), as the CLI's 75
 
 
 class Missing(Exception):

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import probe_bench
 import run_bench
 import witness_bench
-from _common import EXIT_DID_NOT_RUN, Missing, Ratio, load, need_venv
+from _common import EXIT_UNAVAILABLE, Missing, Ratio, load, need_venv
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         need_venv()
     except Missing as e:
         print(f"ratios: {e}", file=sys.stderr)
-        return EXIT_DID_NOT_RUN
+        return EXIT_UNAVAILABLE
     ratios: list[Ratio] = []
     unmeasured: list[str] = []
     steps = (("a", lambda: probe_bench.measure(args.reps)[0]),
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             unmeasured.append(f"({key}) not measured: {e}")
     if not ratios:
         print("ratios: nothing could be measured: " + "; ".join(unmeasured), file=sys.stderr)
-        return EXIT_DID_NOT_RUN
+        return EXIT_UNAVAILABLE
     if args.json:
         print(json.dumps({"reps": args.reps, "load": load(), "ratios": [r.to_json() for r in ratios],
                           "unmeasured": unmeasured}, indent=2))

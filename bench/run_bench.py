@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # bench/ is not a package: run as a script, its helpers beside it.
 from _common import (
     CLI,
-    EXIT_DID_NOT_RUN,
+    EXIT_UNAVAILABLE,
     PYTHON,
     Missing,
     Ratio,
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio, m, facts = measure(args.reps)
     except Missing as e:
         print(f"run_bench: {e}", file=sys.stderr)
-        return EXIT_DID_NOT_RUN
+        return EXIT_UNAVAILABLE
     if args.json:
         print(json.dumps({"reps": args.reps, "load": load(), "ratios": [ratio.to_json()], **facts,
                           "medians_ms": {k: round(v * 1000, 2) for k, v in m.items()}}, indent=2))

@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from probes.run import minimal_env, run  # noqa: E402
-from runners import vm, vm_image  # noqa: E402
+from runners.vm import image as vm_image  # noqa: E402
+from runners.vm import qemu as vm  # noqa: E402
 
 WORKLOADS = {
     "cpu": ["/usr/bin/python3", "-I", "-S", "-c", "sum(i * i for i in range(3_000_000))"],

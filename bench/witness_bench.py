@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bwrap_tests
 from _common import (
     CLI,
-    EXIT_DID_NOT_RUN,
+    EXIT_UNAVAILABLE,
     PYTHON,
     Missing,
     Ratio,
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio, m, facts = measure(args.reps, as_user=args.as_user, bwrap_tests_dir=args.bwrap_tests)
     except Missing as e:
         print(f"witness_bench: {e}", file=sys.stderr)
-        return EXIT_DID_NOT_RUN
+        return EXIT_UNAVAILABLE
     if args.json:
         print(json.dumps({"reps": args.reps, "load": load(), "ratios": [ratio.to_json()], **facts,
                           "medians_ms": {k: round(v * 1000, 3) for k, v in m.items()}}, indent=2))

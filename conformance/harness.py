@@ -136,6 +136,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         self.layout_root = layout_root
         self._stack = contextlib.ExitStack()
         self._tasks: dict[str, plan.Task | HarnessError] = {}
+        self._started: dict[str, concurrent.futures.Future[plan.Task | HarnessError]] = {}
         self.layout: layout.Layout | None = None
         self.host: plan.HostView | None = None
 
@@ -148,6 +149,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
                 temp_root=self.layout_root,
             )
             self._stack.callback(layout.remove, self.layout)
+            self._stack.callback(self._join_started)  # runs first: the stack unwinds in reverse
             self.host = self._open_host_side(self.layout.nonce)
         except BaseException:
             self._stack.close()
@@ -287,15 +289,40 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             inner = self.launcher.argv(self.spec(), values)
         return (*as_user_prefix(self.as_user), *inner)
 
+    def start(self, key: str = "main") -> None:
+        """Launch the task now, in the background; task(key) then waits for it. The witness command
+        starts the main task before it imports pytest, so the launch (the guard probes it waits for,
+        bwrap, the task's run, the host's observation of it) overlaps that import on another core
+        rather than following it. The same launch as task() makes: only its start moves earlier."""
+        if self.layout is None:
+            raise HarnessError("witness session used outside its `with` block")
+        if key in self._tasks or key in self._started:
+            return
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sbxc-launch-{key}")
+        self._started[key] = pool.submit(self._attempt)
+        pool.shutdown(wait=False)
+
+    def _attempt(self) -> plan.Task | HarnessError:
+        try:
+            return self._launch()
+        except HarnessError as e:
+            return e
+
+    def _join_started(self) -> None:
+        """Before the layout goes: a launch still under way uses it. A cancelled run's launch ends
+        promptly (its child's group is stopped by probes/cancel.py); an exception it raised other
+        than a HarnessError was the session's to report, and was, if anyone asked for the task."""
+        for future in self._started.values():
+            with contextlib.suppress(Exception):
+                future.result()
+
     def task(self, key: str = "main") -> plan.Task:
         """The live task's observations: launched once per key, cached (a failure is cached too,
         so every witness of a broken launch reports the same harness error without relaunching)."""
         cached = self._tasks.get(key)
         if cached is None:
-            try:
-                cached = self._launch()
-            except HarnessError as e:
-                cached = e
+            started = self._started.pop(key, None)
+            cached = started.result() if started is not None else self._attempt()
             self._tasks[key] = cached
         if isinstance(cached, HarnessError):
             raise cached

@@ -28,7 +28,7 @@ from typing import Any, TextIO
 
 from conformance import render
 from conformance.render import Format, Row, Style
-from runners.errors import EXIT_OK, EXIT_USAGE, UsageError, check_writable
+from probes.exits import EXIT_OK, EXIT_USAGE, UsageError, check_writable
 
 KEEP = 20
 PROG = "sandbox-conformance witness"
@@ -174,7 +174,7 @@ class WitnessOutput:
 
     def refused(self, reason: str, ways_on: Sequence[str]) -> None:
         """A refusal as Markdown on stdout, when that is the format asked for (the one line on
-        stderr is runners/cli.py's)."""
+        stderr is commands/cli.py's)."""
         if self.fmt is Format.markdown:
             self.stdout.write("\n".join(render.refusal_markdown(PROG, reason, ways_on=ways_on)) + "\n")
 

@@ -61,6 +61,7 @@ _settings_key = pytest.StashKey[Settings]()
 _guard_key = pytest.StashKey[dict[str, Finding]]()
 _skipped_key = pytest.StashKey[dict[str, str]]()
 _tasks_key = pytest.StashKey[list[Task]]()
+_session_key = pytest.StashKey[WitnessSession]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -160,14 +161,17 @@ def _option(config: pytest.Config, name: str) -> Any:
 
 class Preset:
     """Registered by `sandbox-conformance witness` with the Settings it already built and validated
-    from its own options, so the plugin does not parse them a second time."""
+    from its own options, so the plugin does not parse them a second time, and the session it opened
+    from them (its main task already launching: WitnessSession.start), which it also closes."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, settings: Settings, session: WitnessSession | None = None) -> None:
+        self.settings, self.session = settings, session
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(self, config: pytest.Config) -> None:
         config.stash[_settings_key] = self.settings
+        if self.session is not None:
+            config.stash[_session_key] = self.session
 
 
 def settings(config: pytest.Config) -> Settings:
@@ -356,6 +360,9 @@ def sbxc_settings(pytestconfig: pytest.Config) -> Settings:
 
 @pytest.fixture(scope="session")
 def sbxc_session(pytestconfig: pytest.Config, sbxc_settings: Settings) -> Iterator[WitnessSession]:
+    if _session_key in pytestconfig.stash:  # opened by the witness command, which closes it
+        yield pytestconfig.stash[_session_key]
+        return
     s = sbxc_settings
     with WitnessSession(
         s.profile,

@@ -1,11 +1,11 @@
 """How verdicts are shown to a person: the promise table as text (aligned, or one line per promise)
 or as Markdown to paste into a merge request, a refusal as Markdown, and whether to use colour.
 
-Pure functions over the rows `conformance/cli.py promise_lines()` makes, `(promise, verdict, what the
+Pure functions over the rows `commands/witness.py promise_lines()` makes, `(promise, verdict, what the
 task saw)`; the only inputs from outside are a stream's tty-ness and an environment, both passed in.
-`runners/mr_report.py` may call `table_markdown` / `refusal_markdown` for the same table in mr-check.
+`mrcheck/report.py` may call `table_markdown` / `refusal_markdown` for the same table in mr-check.
 
-The `lines` form, `promise: verdict[: detail]` one per line, is a contract: runners/mr_tiers.py, the
+The `lines` form, `promise: verdict[: detail]` one per line, is a contract: mrcheck/tiers.py, the
 fleet tooling and the tests parse it. The `table` form is for eyes only."""
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ PLAIN = Style()  # no colour: a pipe, a file, NO_COLOR
 
 
 def family_of(label: str) -> str:
-    """A promise label is `family` or `family parameter` (conformance/cli.py _Collector)."""
+    """A promise label is `family` or `family parameter` (commands/witness.py _Collector)."""
     return label.partition(" ")[0]
 
 

@@ -1,7 +1,7 @@
 """How a run ends early: SIGTERM, SIGINT and SIGHUP become an orderly stop, and a SIGKILL leaves
 nothing running (docs/cancellation.md).
 
-    cancel.install("witness")        # runners/cli.py, once, before anything is started
+    cancel.install("witness")        # commands/cli.py, once, before anything is started
     ...                              # probes.run.run() tracks each child's process group
     except cancel.Cancelled as e:
         return cancel.finish(e)      # the verdict line; 143, 130 or 129

@@ -111,6 +111,10 @@ class Signals:
     max_user_namespaces: int | None = None  # the LOCAL value (per user namespace)
     apparmor_restrict: int | None = None  # kernel.apparmor_restrict_unprivileged_userns (Ubuntu 23.10+)
     apparmor_label: str | None = None
+    # The kernel's AppArmor mediates user-namespace creation for confined tasks (upstream 6.7+):
+    # securityfs says so in features/namespaces. None: not readable (securityfs not mounted, no
+    # AppArmor); False: AppArmor is there and does not mediate it.
+    apparmor_userns: bool | None = None
     userns_initial: bool | None = None  # our user ns is the kernel's initial one (PROC_USER_INIT_INO)
     kernel_userns: bool | None = None  # /proc/self/ns/user exists
     proc_masks: tuple[str, ...] = ()  # locked-looking mounts over /proc contents (Docker's masked paths)
@@ -251,6 +255,10 @@ def _causes(signals: Signals, rung: Rung, outcome: Outcome, succeeded: frozenset
             continue
         if Rung.userns_map in succeeded and cause in (Cause.apparmor, Cause.readonly_proc):
             continue
+        # A confining profile's missing `userns,` cannot explain a later rung once our own unshare
+        # worked under the same label (Ubuntu's sysctl path refuses only after the unshare).
+        if cause is Cause.apparmor and Rung.userns in succeeded and signals.apparmor_restrict != 1:
+            continue
         if cause is Cause.hidepid and rung is not Rung.userns_map and not map_refused:
             continue
         out.append(cause)
@@ -303,7 +311,15 @@ def _candidates(s: Signals, rung: Rung, o: Outcome) -> list[Cause]:
         out.append(Cause.unprivileged_userns_clone)
     # Ubuntu 23.10+: the namespace is created but an unconfined task loses its capabilities in it,
     # so the map writes (and bwrap's mounts) fail; CAP_SYS_ADMIN in the init ns is exempt.
-    if s.apparmor_restrict == 1 and not s.cap_sys_admin:
+    # Upstream 6.7+ (security/apparmor/lsm.c apparmor_userns_create -> aa_profile_ns_perm): a task
+    # confined by a profile in enforce mode makes a user namespace only if the profile has `userns,`;
+    # without it clone/unshare(CLONE_NEWUSER) fails with EACCES, root included, and the kernel logs
+    # apparmor="DENIED" operation="userns_create" (Debian's 6.12, tests/test_host_shape_apparmor.py).
+    # The signals: the trial's own label, the kernel advertising the mediation, and EACCES (what an
+    # LSM hook returns; the sysctls and the limits give EPERM or ENOSPC).
+    profile_refused = (apparmor_enforcing(s.apparmor_label) and s.apparmor_userns is not False
+                       and o.errno == "EACCES" and (rung is Rung.userns or rung in BWRAP_RUNGS))
+    if (s.apparmor_restrict == 1 and not s.cap_sys_admin) or profile_refused:
         out.append(Cause.apparmor)
     # Docker's default seccomp profile allows unshare/clone namespace flags, mount and pivot_root
     # only with CAP_SYS_ADMIN (moby profiles/seccomp/default.json).
@@ -326,6 +342,25 @@ def _candidates(s: Signals, rung: Rung, o: Outcome) -> list[Cause]:
         out.append(Cause.setuid_bwrap)
     out += [c for c in readonly if c not in out]
     return out
+
+
+def apparmor_mode(label: str | None) -> str | None:
+    """The mode of an AppArmor label as /proc/PID/attr/apparmor/current shows it: "unconfined", or
+    "NAME (MODE)" with MODE enforce, complain, kill, unconfined, or mixed for a stack of profiles in
+    different modes (security/apparmor/label.c aa_label_snxprint). None: no label, or another form."""
+    if label is None:
+        return None
+    label = label.strip().rstrip("\x00")
+    if label == "unconfined":
+        return "unconfined"
+    if label.endswith(")") and " (" in label:
+        return label.rsplit(" (", 1)[1][:-1]
+    return None
+
+
+def apparmor_enforcing(label: str | None) -> bool:
+    """A profile refuses what it does not allow: enforce, kill, and a mixed stack (some member may)."""
+    return apparmor_mode(label) in ("enforce", "kill", "mixed")
 
 
 def wsl_of(osrelease: str | None) -> str | None:
@@ -353,6 +388,11 @@ def _why(cause: Cause, s: Signals) -> str:
             return f"RLIMIT_NPROC {s.nproc_limit} exhausted (ulimit -u)"
         case Cause.unprivileged_userns_clone:
             return "kernel.unprivileged_userns_clone=0; sysctl -w kernel.unprivileged_userns_clone=1"
+        case Cause.apparmor if apparmor_enforcing(s.apparmor_label):
+            name = (s.apparmor_label or "").rsplit(" (", 1)[0]
+            return (f"AppArmor confines this process (label {s.apparmor_label}) and its profile has no "
+                    f"`userns,` rule, so the kernel refuses its user namespaces; give the sandbox "
+                    f"a profile that allows `userns,` (add it to profile {name}) or run it unconfined")
         case Cause.apparmor:
             return (f"AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged"
                     f"_userns=1, label {s.apparmor_label or 'unknown'}); give the sandbox a profile with "

@@ -201,6 +201,21 @@ def count_processes(host: Host, uid: int) -> int:
     return count
 
 
+def apparmor_userns(host: Host) -> bool | None:
+    """Does the kernel's AppArmor mediate user-namespace creation? Upstream (6.7+) lists it in the
+    namespaces mask (security/apparmor/apparmorfs.c aa_sfs_entry_ns: "userns_create"); Ubuntu's
+    kernels also have a namespaces/userns_create file. None: securityfs not mounted or not readable
+    here, or no AppArmor."""
+    features = host.sys / "kernel/security/apparmor/features"
+    try:
+        if not features.is_dir():
+            return None
+        mask = _read(features / "namespaces/mask") or ""
+        return "userns_create" in mask.split() or (features / "namespaces/userns_create").exists()
+    except PermissionError:
+        return None
+
+
 def gather_signals(host: Host, info: bwrap_probe.BwrapInfo | None = None) -> Signals:
     proc = host.proc
     status = parse_status(_read(proc / "self/status") or "")
@@ -219,6 +234,7 @@ def gather_signals(host: Host, info: bwrap_probe.BwrapInfo | None = None) -> Sig
         max_user_namespaces=_int(_read(proc / "sys/user/max_user_namespaces")),
         apparmor_restrict=_int(_read(proc / "sys/kernel/apparmor_restrict_unprivileged_userns")),
         apparmor_label=label,
+        apparmor_userns=apparmor_userns(host),
         userns_initial=None if user_ino is None else user_ino == USER_INIT_INO,
         kernel_userns=(proc / "self/ns/user").is_symlink() or (proc / "self/ns/user").exists(),
         proc_masks=masks,
@@ -383,6 +399,7 @@ def _signal_evidence(s: Signals) -> dict[str, str]:
         "user.max_user_namespaces": str(s.max_user_namespaces),
         "kernel.apparmor_restrict_unprivileged_userns": str(s.apparmor_restrict),
         "apparmor_label": str(s.apparmor_label),
+        "apparmor userns mediation": str(s.apparmor_userns),
         "userns_initial": str(s.userns_initial),
         "proc_masks": ",".join(s.proc_masks) or "none",
         "hidepid": str(s.hidepid), "wsl": str(s.wsl), "bwrap_setuid": str(s.bwrap_setuid),

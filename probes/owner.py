@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import hashlib
 import os
 import re
 import shutil
@@ -30,10 +29,13 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from probes import mountinfo
+from probes.errnos import errname
+
 # The directories runs leave, by the prefix each module gives mkdtemp (kept in step with
 # conformance/layout.py, conformance/adapters/oci.py, conformance/adapters/srt.py,
-# conformance/controls_cmd.py, runners/vm_mode.py, runners/vm.py, runners/container.py,
-# runners/mr_tiers.py; tests/test_cancel.py checks them).
+# commands/controls.py, runners/vm/mode.py, runners/vm/qemu.py, runners/container.py,
+# mrcheck/tiers.py; tests/test_cancel.py checks them).
 SWEPT_PREFIXES = ("sbxc-witness-", "sbxc-oci-", "sbxc-srt-", "sbxc-controls-", "sbxc-container.", "sbxc-vm.",
                   "sbxc-kvm-trial-", "sbxc-mr-check.")
 VAR_TMP = "/var/tmp"  # where the VM's scratch lives: on the host's /, visible to the guest over 9p
@@ -73,6 +75,8 @@ def host_key(proc: Path = Path("/proc")) -> str:
         pidns = os.readlink(proc / "self/ns/pid")
     except OSError:
         return "unknown"  # no stamp matches it: this process judges nobody gone, and is never judged
+    import hashlib  # here, not at the top: OpenSSL's start-up is ~5 ms of every `probe`, which never stamps
+
     return hashlib.sha256(f"{boot} {pidns}".encode()).hexdigest()[:8]
 
 
@@ -222,12 +226,10 @@ def kill_naming(path: str, proc: Path = Path("/proc")) -> list[int]:
     return killed
 
 
-def mounts_under(path: str, mountinfo: Path = Path("/proc/self/mountinfo")) -> list[str]:
-    points = []
-    for line in mountinfo.read_text().splitlines():
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split()[4])
-        if point == path or point.startswith(path + "/"):
-            points.append(point)
+def mounts_under(path: str, table: Path = Path("/proc/self/mountinfo")) -> list[str]:
+    """Every mount point at or beneath `path`, deepest first (the order they can be unmounted in)."""
+    points = [m.mount_point for m in mountinfo.parse(table.read_text())
+              if mountinfo.under(m.mount_point, path)]
     return sorted(points, key=len, reverse=True)
 
 
@@ -292,7 +294,7 @@ def remove_cgroup(path: Path, *, timeout: float = KILL_TIMEOUT) -> str:
                 break
             except OSError as e:
                 if e.errno != errno.EBUSY or time.monotonic() > deadline:
-                    return f"rmdir {d}: {errno.errorcode.get(e.errno or 0, e.errno)}"
+                    return f"rmdir {d}: {errname(e)}"
                 time.sleep(0.02)
     return ""
 

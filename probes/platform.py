@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import platform as _stdlib_platform
 import re
 
 from probes.classify import wsl_of
@@ -213,7 +212,7 @@ def probe(host: Host) -> list[Finding]:
     evidence["osrelease"] = str(kernel)
     facts = {
         "os": os_name, "os_id": rel.get("ID"), "os_version_id": rel.get("VERSION_ID"),
-        "kernel": kernel, "arch": _stdlib_platform.machine(), "wsl": wsl,
+        "kernel": kernel, "arch": os.uname().machine, "wsl": wsl,
         "container": decision.container, "conflict": decision.conflict, "signals": list(decision.signals),
     }
     head = f"{os_name}, kernel {kernel}, {facts['arch']}" + (f", WSL{wsl}" if wsl else "")

@@ -38,7 +38,6 @@ from probes.cgroupfs import PROMISE_ENV, CgroupFs, initial_cgroupns, mount_at, p
 from probes.errnos import errname
 from probes.run import Runner, run
 
-ENV_ROOT = PROMISE_ENV  # the name runners/container.py and runners/vm_suite.py import
 CONTROLLERS = ("memory", "pids")  # what the task limits need (memory.max, memory.swap.max, pids.max)
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
 
@@ -214,12 +213,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             # The rest of the suite still runs; the cgroup witnesses skip (or fail under the require
             # switch) with the cgroup.delegation probe's reason. A promise inherited from outside is
             # not ours to pass on: this step is what makes the promise in these modes.
-            os.environ.pop(ENV_ROOT, None)
+            os.environ.pop(PROMISE_ENV, None)
             os.execvp(command[0], command)
         return 75
-    line = f"{ENV_ROOT}={result.root}"
+    line = f"{PROMISE_ENV}={result.root}"
     if command:
-        os.environ[ENV_ROOT] = str(result.root)
+        os.environ[PROMISE_ENV] = str(result.root)
         os.execvp(command[0], command)
     print(line)
     return 0

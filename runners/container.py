@@ -22,9 +22,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from probes import cancel, owner
+from probes.cgroupfs import PROMISE_ENV
+from probes.exits import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from probes.run import Completed, run
-from runners.cgroup_setup import ENV_ROOT
-from runners.errors import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+from runners.progress import HEARTBEAT, Progress, result_word
 from runners.witness_args import WitnessOptions
 
 REPO = Path(__file__).resolve().parent.parent
@@ -168,12 +169,12 @@ class CgroupSetup:
 
     def describe(self) -> str:
         if self.root:
-            return f"exported {ENV_ROOT}={self.root}"
+            return f"exported {PROMISE_ENV}={self.root}"
         return f"cgroup witnesses unavailable: {self.reason}"
 
     def env(self) -> dict[str, str]:
         """For the witness legs: the promise, only when the set-up proved it."""
-        return {ENV_ROOT: self.root} if self.root else {}
+        return {PROMISE_ENV: self.root} if self.root else {}
 
 
 def read_setup(c: Completed) -> CgroupSetup:
@@ -186,9 +187,9 @@ def read_setup(c: Completed) -> CgroupSetup:
     if c.returncode == 0:
         for line in c.stdout.splitlines():
             key, sep, value = line.strip().partition("=")
-            if sep and key == ENV_ROOT and value.startswith("/"):
+            if sep and key == PROMISE_ENV and value.startswith("/"):
                 return CgroupSetup(value, f"set-up proved a memory.max write under {value}")
-        return CgroupSetup(None, f"the set-up step exited 0 without exporting {ENV_ROOT}: "
+        return CgroupSetup(None, f"the set-up step exited 0 without exporting {PROMISE_ENV}: "
                                  f"{c.stdout.strip()[-200:] or '(no output)'}")
     marker = "cgroup witnesses unavailable: "
     for line in reversed(c.stderr.splitlines()):
@@ -267,6 +268,11 @@ def combine(legs: Sequence[Leg]) -> int:
     return EXIT_OK if codes and all(c == EXIT_OK for c in codes) else EXIT_FAIL
 
 
+def _failed(c: Completed) -> str:
+    """A failed step's end, for its progress line (the error itself is the ContainerError's)."""
+    return "failed: timed out" if c.timed_out else f"failed: exit {c.returncode}"
+
+
 def _check(c: Completed, what: str) -> Completed:
     if not c.ok:
         why = "timed out" if c.timed_out else f"exit {c.returncode}"
@@ -301,7 +307,7 @@ def base_ways_on(engine: Engine) -> tuple[str, ...]:
 
 
 def ensure_base(engine: Engine, base: str | None, *, say: Callable[[str], None],
-                dockerfile: Path = REPO / "Dockerfile") -> None:
+                dockerfile: Path = REPO / "Dockerfile", progress: Progress | None = None) -> None:
     """The build's base image on the engine, pulled first if it is not there: a pull that fails
     (no registry reachable) is a refusal naming `--base-image` and the script that makes one offline,
     instead of a build failing with the registry's error."""
@@ -309,7 +315,9 @@ def ensure_base(engine: Engine, base: str | None, *, say: Callable[[str], None],
     if name is None or has_image(engine, name):
         return
     say(f"container: pulling {name} (not on the {engine.kind} engine yet)")
-    c = run([engine.path, "pull", name], timeout=PULL_TIMEOUT, env=engine.env)
+    with (progress or Progress.off()).stage("container base image pull", heartbeat=HEARTBEAT) as st:
+        c = run([engine.path, "pull", name], timeout=PULL_TIMEOUT, env=engine.env)
+        st.result = name if c.ok else _failed(c)
     if c.ok:
         return
     why = (f"timed out after {PULL_TIMEOUT:.0f}s" if c.timed_out
@@ -320,23 +328,32 @@ def ensure_base(engine: Engine, base: str | None, *, say: Callable[[str], None],
 
 
 def build_image(engine: Engine, *, base: str | None, say: Callable[[str], None], tag: str = DEFAULT_TAG,
-                timeout: float = BUILD_TIMEOUT, repo: Path = REPO) -> str:
-    """The repository's Dockerfile built as `tag` on `base` (None: the Dockerfile's default)."""
+                timeout: float = BUILD_TIMEOUT, repo: Path = REPO, progress: Progress | None = None) -> str:
+    """The repository's Dockerfile built as `tag` on `base` (None: the Dockerfile's default). On a
+    terminal the pull and the build are progress stages, the build with a heartbeat: a first build
+    (apt-get in the image) takes minutes with nothing on the screen, since its output is captured."""
+    progress = progress or Progress.off()
     dockerfile = repo / "Dockerfile"
     if not dockerfile.is_file():
         raise ContainerError(f"no Dockerfile at {repo}: container mode needs the checkout",
                              ("--image NAME: an image already built from the project's Dockerfile",))
-    ensure_base(engine, base, say=say, dockerfile=dockerfile)
+    ensure_base(engine, base, say=say, dockerfile=dockerfile, progress=progress)
     shown = base or dockerfile_base(dockerfile) or "the Dockerfile's default"
     say(f"container: building {tag} with {engine.kind} (BASE={shown})")
-    c = run(build_argv(engine, tag=tag, base=base, repo=repo), timeout=timeout, env=engine.env)
+    with progress.stage("container image build", heartbeat=HEARTBEAT) as st:
+        c = run(build_argv(engine, tag=tag, base=base, repo=repo), timeout=timeout, env=engine.env)
+        st.result = tag if c.ok else _failed(c)
     _check(c, f"{engine.kind} build of {dockerfile}")
     return tag
 
 
 def run_container(engine: Engine, options: WitnessOptions, *, image: str, timeout: float,
-                  say: Callable[[str], None], environ: Mapping[str, str] | None = None) -> list[Leg]:
+                  say: Callable[[str], None], environ: Mapping[str, str] | None = None,
+                  progress: Progress | None = None) -> list[Leg]:
+    """On a terminal (`progress`): the start and install, the set-up and each leg are stages, each
+    leg's ending with its verdict word."""
     environ = os.environ if environ is None else environ
+    progress = progress or Progress.off()
     forward = {k: environ[k] for k in FORWARD_ENV if k in environ}
     owner.sweep_once()
     sweep_containers(engine, say)
@@ -355,11 +372,16 @@ def run_container(engine: Engine, options: WitnessOptions, *, image: str, timeou
         # engine's child, not ours, so no parent-death signal or group kill of ours reaches it.
         guard = cancel.guard_command(rm_argv, env=engine.env, timeout=60)
         try:
-            _check(run(start_argv(engine, name=name, image=image, repo=REPO, inputs=inputs, outputs=outputs),
-                       timeout=120, env=engine.env), f"starting a container from {image}")
-            _check(run(exec_argv(engine, name, ["sh", "-c", INSTALL_SCRIPT]), timeout=300, env=engine.env),
-                   "installing the project inside the container")
-            setup = cgroup_setup(engine, name)
+            with progress.stage("container start") as st:
+                _check(run(start_argv(engine, name=name, image=image, repo=REPO, inputs=inputs,
+                                      outputs=outputs),
+                           timeout=120, env=engine.env), f"starting a container from {image}")
+                _check(run(exec_argv(engine, name, ["sh", "-c", INSTALL_SCRIPT]), timeout=300,
+                           env=engine.env), "installing the project inside the container")
+                st.result = f"{image}, project installed"
+            with progress.stage("container cgroup set-up") as st:
+                setup = cgroup_setup(engine, name)
+                st.result = f"root {setup.root}" if setup.root else "cgroup witnesses unavailable"
             say(f"container: cgroup set-up: {setup.describe()}")
             legs = []
             for label, as_user in LEGS:
@@ -367,9 +389,11 @@ def run_container(engine: Engine, options: WitnessOptions, *, image: str, timeou
                 opts = dataclasses.replace(opts, as_user=as_user)
                 say(f"container: witness suite as {label}"
                     + (f" (harness as root, every task launched as {as_user})" if as_user else ""))
-                rc = run(exec_argv(engine, name, [f"{IMAGE_VENV}/bin/sandbox-conformance", "witness",
-                                                  *opts.argv()], env={**forward, **setup.env()}),
-                         timeout=timeout, env=engine.env, capture=False).returncode
+                with progress.stage(f"container as {label}", heartbeat=HEARTBEAT) as st:
+                    rc = run(exec_argv(engine, name, [f"{IMAGE_VENV}/bin/sandbox-conformance", "witness",
+                                                      *opts.argv()], env={**forward, **setup.env()}),
+                             timeout=timeout, env=engine.env, capture=False).returncode
+                    st.result = result_word(rc)
                 legs.append(Leg(label, rc))
                 say(f"container: as {label}: " + ("timed out" if rc is None else f"exit {rc}"))
                 for inside, host in reports.items():

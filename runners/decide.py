@@ -45,7 +45,10 @@ LAUNCHER_RUNGS: tuple[str, ...] = ("userns", "userns.map", "netns", "pidns.proc"
 # The way on for each ladder cause (probes/classify.py Cause ids). Causes that name no host setting
 # (unclassified, earlier_rung, timeout, trial_failed, not_effective) have none: the evidence is the way.
 CAUSE_WAY_ON: Mapping[str, str] = {
-    "apparmor": "let bwrap create user namespaces under AppArmor: a profile with `userns,` for it, or "
+    # Two shapes (docs/findings.md): the caller confined by a profile without `userns,` (upstream
+    # mediation, 6.7+), and Ubuntu's restriction of unconfined callers (its own sysctl).
+    "apparmor": "give the process that runs the suite (and bwrap) an AppArmor profile with `userns,`; "
+                "on Ubuntu, where unconfined processes are restricted: "
                 "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0",
     "unprivileged_userns_clone": "allow unprivileged user namespaces: "
                                  "sysctl -w kernel.unprivileged_userns_clone=1",
@@ -78,7 +81,7 @@ class Mode(enum.StrEnum):
     auto = enum.auto()
     native = enum.auto()
     container = enum.auto()
-    vm = enum.auto()  # issue 5: a Debian kernel under qemu with a pure cgroup v2 hierarchy (runners/vm.py)
+    vm = enum.auto()  # issue 5: a Debian kernel under qemu with a pure cgroup v2 hierarchy (runners/vm/)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,8 +164,13 @@ def _sandbox_boundary(by: Mapping[str, Finding]) -> tuple[str, list[str]]:
     if engine_boundary is not None:
         parts.append(engine_boundary)
     because.append(f"container_engine: {engine.verdict}: {engine.reason}")
-    nested = (userns.facts.get("cause") == "nested"
-              or (userns.verdict is not Verdict.supported and any("nest" in s for s in signals)))
+    cause = userns.facts.get("cause")
+    # A nesting signal explains a refused userns only when the probe named no other cause: under
+    # Docker's default seccomp profile the filter refused it (tests/test_host_shape_lab.py), and
+    # "nested user namespaces are refused" would send the reader after the wrong boundary.
+    nested = (cause == "nested"
+              or (userns.verdict is not Verdict.supported and cause in (None, "unclassified")
+                  and any("nest" in s for s in signals)))
     version = _version(bwrap)
     old_bwrap = version is not None and version < DISABLE_USERNS_SINCE
     if nested:
@@ -175,7 +183,7 @@ def _sandbox_boundary(by: Mapping[str, Finding]) -> tuple[str, list[str]]:
                      "have disabled nesting, but the suite would still test the outer sandbox, "
                      "not the one under test")
     elif userns.verdict is not Verdict.supported:
-        parts.append(f"user namespaces are {userns.verdict} here")
+        parts.append(f"user namespaces are {userns.verdict} here" + (f" ({cause})" if cause else ""))
         because.append(f"userns: {userns.verdict}: {userns.reason}")
     outer = "the suite would test the outer sandbox, not the one under test"
     boundary = " and ".join(parts) if parts else outer
@@ -283,8 +291,11 @@ def decide(request: Request, findings: Sequence[Finding] | Mapping[str, Finding]
     # 1. Inside a sandbox: no mode opens this.
     if by["sandboxed"].verdict is Verdict.detected:
         reason, because = _sandbox_boundary(by)
-        return _refuse(reason, because=because,
-                       ways_on=["run sandbox-conformance on the host, outside the sandbox"])
+        ways = ["run sandbox-conformance on the host, outside the sandbox"]
+        # A container that only lacks a setting has a way on of its own beside leaving it.
+        if str(by["userns"].facts.get("cause")) in ("seccomp", "no_cap_sys_admin"):
+            ways.append(CAUSE_WAY_ON[str(by["userns"].facts["cause"])])
+        return _refuse(reason, because=because, ways_on=ways)
 
     notes: list[str] = []
     dep = by["deployment"]
@@ -360,7 +371,7 @@ def decide(request: Request, findings: Sequence[Finding] | Mapping[str, Finding]
                              "cannot start here")
     elif mode is Mode.vm:
         # `auto` never picks the VM (slow under TCG, and it tests a borrowed kernel, not this one):
-        # only an explicit --mode vm gets here. qemu and the image are checked by runners/vm_mode.py,
+        # only an explicit --mode vm gets here. qemu and the image are checked by runners/vm/mode.py,
         # which refuses with 75 naming what is missing.
         not_linux = _not_linux(by["platform"])
         if not_linux:

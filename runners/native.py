@@ -23,7 +23,7 @@ DELEGATED_ENV = "SANDBOX_CONFORMANCE_DELEGATED"
 
 
 def witness_argv(options: WitnessOptions, *, python: str = sys.executable) -> list[str]:
-    return [python, "-m", "runners.cli", "witness", *options.argv()]
+    return [python, "-m", "commands.cli", "witness", *options.argv()]
 
 
 def native_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -39,7 +39,7 @@ def delegate_argv(run_argv: Sequence[str], *, systemd_run: str, python: str = sy
     return [systemd_run, "--user", "--quiet", "--collect", "-p", "Delegate=yes", "--pipe", "--wait",
             f"--setenv={DELEGATED_ENV}=1", f"--working-directory={os.getcwd()}",
             "--", *(unit_literal(a) for a in ("/bin/sh", "-c", ENTER_SUPERVISOR, "sh", python, "-m",
-                                               "runners.cli", "run", *run_argv))]
+                                               "commands.cli", "run", *run_argv))]
 
 
 def unit_literal(arg: str) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 VERSION = 1
 FLAG = "--verdict-json"
 ENV = "SANDBOX_CONFORMANCE_VERDICT_JSON"  # the environment form of FLAG
-# The words of the verdict line (runners/run_cmd.py), then KILLED-<SIGNAL> (probes/cancel.py).
+# The words of the verdict line (commands/run.py), then KILLED-<SIGNAL> (probes/cancel.py).
 WORDS = ("PASS", "FAIL", "REFUSED", "ERROR")
 
 

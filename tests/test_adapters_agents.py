@@ -428,7 +428,7 @@ def witness_controls(*args: str) -> object:
     import subprocess
 
     return subprocess.run(
-        [sys.executable, "-m", "runners.cli", "controls", *args],
+        [sys.executable, "-m", "commands.cli", "controls", *args],
         cwd=REPO,
         text=True,
         capture_output=True,

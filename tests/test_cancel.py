@@ -95,12 +95,25 @@ def test_the_sweep_removes_a_dead_runs_directories_and_nothing_else(tmp_path: Pa
     assert [s.path for s in owner.sweep(dirs=[str(tmp_path)], include_self=True)] == [str(made["live"])]
 
 
+def _shows_in_cmdline(pid: int, needle: str) -> None:
+    """Wait until a child just started names `needle` in /proc/PID/cmdline. Popen returns once
+    execve(2) is past its point of no return (close-on-exec closed its error pipe), before the new
+    image's argument area is set up, so the command line can read empty for a moment (seen under
+    load). What a dead run left running has long been past that; a sweep that reads the child
+    earlier finds nothing to kill."""
+    deadline = time.monotonic() + 10
+    while needle.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
+        assert time.monotonic() < deadline, f"pid {pid} never showed {needle} in its command line"
+        time.sleep(0.01)
+
+
 def test_the_sweep_kills_what_still_runs_from_a_dead_runs_directory(tmp_path: Path) -> None:
     d = tmp_path / f"sbxc-vm.{_dead_stamp()}.xyz"
     d.mkdir()
     # qemu names its workdir in -append (sbxc_work=...) and -fsdev (path=...).
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"sbxc_work={d}"])
     try:
+        _shows_in_cmdline(proc.pid, str(d))
         assert [s.path for s in owner.sweep(dirs=[str(tmp_path)])] == [str(d)]
         assert proc.wait(timeout=10) == -signal.SIGKILL
     finally:
@@ -112,19 +125,20 @@ def test_the_prefixes_swept_are_the_ones_the_modules_create() -> None:
     from conformance import layout
     from conformance.adapters import oci
 
-    text = {f: (REPO / f).read_text() for f in ("runners/vm_mode.py", "runners/vm.py", "runners/container.py",
-                                                 "conformance/controls_cmd.py")}
+    text = {f: (REPO / f).read_text() for f in ("runners/vm/mode.py", "runners/vm/qemu.py",
+                                                 "runners/container.py",
+                                                 "commands/controls.py")}
     assert layout.TEMP_PREFIX in owner.SWEPT_PREFIXES and oci.WORKSPACE_PREFIX in owner.SWEPT_PREFIXES
-    for prefix, where in (("sbxc-vm.", "runners/vm_mode.py"), ("sbxc-kvm-trial-", "runners/vm.py"),
+    for prefix, where in (("sbxc-vm.", "runners/vm/mode.py"), ("sbxc-kvm-trial-", "runners/vm/qemu.py"),
                           ("sbxc-container.", "runners/container.py"),
-                          ("sbxc-controls-", "conformance/controls_cmd.py")):
+                          ("sbxc-controls-", "commands/controls.py")):
         assert prefix in owner.SWEPT_PREFIXES and f'prefix=f"{prefix}{{owner.stamp()}}' in text[where], prefix
     # Named by a constant where they are made: srt's own directory, mr-check's verdict scratch.
     from conformance.adapters import srt
-    from runners import mr_tiers
+    from mrcheck import tiers as mr_tiers
 
     for prefix, const, where in ((srt.OWN_PREFIX, "OWN_PREFIX", "conformance/adapters/srt.py"),
-                                 (mr_tiers.SCRATCH_PREFIX, "SCRATCH_PREFIX", "runners/mr_tiers.py")):
+                                 (mr_tiers.SCRATCH_PREFIX, "SCRATCH_PREFIX", "mrcheck/tiers.py")):
         made = (REPO / where).read_text()
         assert prefix in owner.SWEPT_PREFIXES and f'prefix=f"{{{const}}}{{owner.stamp()}}' in made, prefix
     lay = layout.create()
@@ -310,7 +324,7 @@ def assert_killed_then_swept(e: Ended, before: set[Path], env: dict[str, str],
     for prefix in expect:
         assert any(p.name.startswith(prefix) for p in left), (prefix, left)
     # The next run: any witness run sweeps before it makes its layout (this one's launcher runs nothing).
-    nxt = subprocess.run([sys.executable, "-m", "runners.cli", "witness", "--launcher", "true"], cwd=REPO,
+    nxt = subprocess.run([sys.executable, "-m", "commands.cli", "witness", "--launcher", "true"], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=120)
     for p in left:
         assert not p.exists(), f"the next run left {p}"
@@ -391,7 +405,7 @@ def test_witness_with_an_external_launcher(sig: int, tmp_path: Path) -> None:
     launcher.chmod(0o755)
     env = _env(tmp_path)
     before = _stamped(env)
-    e = cancel_mid_run([sys.executable, "-m", "runners.cli", "witness", "--launcher", str(launcher),
+    e = cancel_mid_run([sys.executable, "-m", "commands.cli", "witness", "--launcher", str(launcher),
                         "--timeout", "120"], sig=sig, ready=_sleeping(token), tmp=tmp_path, env=env)
     assert not processes_with(token)
     if sig == signal.SIGKILL:
@@ -410,7 +424,7 @@ def test_run_native_with_the_reference_bwrap_sandbox(sig: int, tmp_path: Path, s
     env = _env(tmp_path, bin_dir)
     before = _stamped(env)
     verdict = tmp_path / "verdict.json"
-    e = cancel_mid_run([sys.executable, "-m", "runners.cli", "run", "--mode", "native", "--timeout", "300",
+    e = cancel_mid_run([sys.executable, "-m", "commands.cli", "run", "--mode", "native", "--timeout", "300",
                         "--verdict-json", str(verdict)],
                        sig=sig, ready=_sleeping(token), tmp=tmp_path, env=env)
     assert not processes_with(token)
@@ -443,7 +457,7 @@ def test_controls_mid_way_through_its_parallel_witness_runs(sig: int, tmp_path: 
     env = _env(tmp_path, bin_dir)
     before = _stamped(env)
 
-    e = cancel_mid_run([sys.executable, "-m", "runners.cli", "controls", "--only",
+    e = cancel_mid_run([sys.executable, "-m", "commands.cli", "controls", "--only",
                         "mask_dropped,network_shared,pid_shared", "--jobs", "2", "--timeout", "300"],
                        sig=sig, ready=_sleeping(token, 2), tmp=tmp_path, env=env, ready_timeout=180)
     assert not processes_with(token)
@@ -477,7 +491,7 @@ def test_mr_check_stops_its_runner_child_in_order(sig: int, tmp_path: Path) -> N
     runner's parent-death signal) the subreaper sees the runner end with its own exit 143."""
     from test_mr_check import make_repo, write
 
-    from runners import mr_tiers
+    from mrcheck import tiers as mr_tiers
 
     gate = mr_tiers.runner_gate(None)
     if gate.mode != "native":
@@ -487,7 +501,7 @@ def test_mr_check_stops_its_runner_child_in_order(sig: int, tmp_path: Path) -> N
     def ready(top: int) -> bool:
         # The task sleeps, and mr-check's runner child is known (its pid, to judge how it ended).
         runner_child[:] = [pid for pid, words in _children(top)
-                           if ["runners.cli", "run"] in (words[i:i + 2] for i in range(len(words)))]
+                           if ["commands.cli", "run"] in (words[i:i + 2] for i in range(len(words)))]
         return bool(processes_with(token)) and len(runner_child) == 1
 
     token = _token()
@@ -498,7 +512,7 @@ def test_mr_check_stops_its_runner_child_in_order(sig: int, tmp_path: Path) -> N
     write(repo / "src/sandbox/launch.py", "changed\n")
     env = _env(tmp_path)
     before = _stamped(env)
-    e = cancel_mid_run([sys.executable, "-m", "runners.cli", "mr-check", "-C", str(repo)], sig=sig,
+    e = cancel_mid_run([sys.executable, "-m", "commands.cli", "mr-check", "-C", str(repo)], sig=sig,
                        ready=ready, tmp=tmp_path, env=env)
     assert not processes_with(token)
     runner_ended = "sandbox-conformance: KILLED-SIGTERM mode=native exit=143 time="
@@ -557,7 +571,7 @@ def test_witness_through_the_oci_adapter(sig: int, tmp_path: Path) -> None:
     launcher = f"{prefix} sh -c 'sleep {token}; exec \"$@\"' sh"
     env = _env(tmp_path)
     before = _stamped(env)
-    e = cancel_mid_run([sys.executable, "-m", "runners.cli", "witness", "--profile",
+    e = cancel_mid_run([sys.executable, "-m", "commands.cli", "witness", "--profile",
                         str(adapters.profile_path("oci.toml")), "--launcher", launcher, "--timeout", "120"],
                        sig=sig, ready=_sleeping(token), tmp=tmp_path, env=env)
     deadline = time.monotonic() + 20  # the adapter's guardian is not the run's descendant: bounded wait
@@ -601,7 +615,7 @@ def test_run_container_mode(sig: int, tmp_path: Path, docker_tier: DockerTier) -
     env = {**docker_tier.env, **_env(tmp_path), "HOME": docker_tier.env["HOME"]}
     before, cgroups_before = _stamped(env), set(_tier_cgroups(docker_tier))
     launcher = f"sh -c 'sleep {token}; exec \"$@\"' sh"
-    e = cancel_mid_run([sys.executable, "-m", "runners.cli", "run", "--mode", "container",
+    e = cancel_mid_run([sys.executable, "-m", "commands.cli", "run", "--mode", "container",
                         "--base-image", docker_tier.base, "--launcher", launcher],
                        sig=sig, ready=_sleeping(token), tmp=tmp_path, env=env, ready_timeout=900)
     deadline = time.monotonic() + 30  # the guardian's `docker rm` (SIGKILL) is not the run's descendant
@@ -641,7 +655,7 @@ def test_a_dead_runs_container_is_swept_and_a_live_runs_kept(docker_tier: Docker
 
 
 def _vm_image_or_skip() -> None:
-    from runners import vm_image
+    from runners.vm import image as vm_image
 
     if os.geteuid() != 0:
         pytest.skip("VM mode shares the host's / with passthrough ownership: root only here")
@@ -667,7 +681,7 @@ def test_run_vm_mode(sig: int, tmp_path: Path) -> None:
         ours = Path("/var/tmp").glob(f"sbxc-vm.o{top}.*")
         return any((p / ".sbxc-vm" / "boot_seconds").exists() for p in ours)
 
-    e = cancel_mid_run([sys.executable, "-m", "runners.cli", "run", "--mode", "vm", "--timeout", "300"],
+    e = cancel_mid_run([sys.executable, "-m", "commands.cli", "run", "--mode", "vm", "--timeout", "300"],
                        sig=sig, ready=guest_started, tmp=tmp_path, env=env, ready_timeout=180, settle=2.0)
     assert not [q for q in _qemus() if f"sbxc-vm.o{e.top}." in q], "qemu outlived the run"
     if sig == signal.SIGKILL:
@@ -675,6 +689,8 @@ def test_run_vm_mode(sig: int, tmp_path: Path) -> None:
     else:
         assert_orderly(e, sig, "vm")
         assert list(Path("/var/tmp").glob(f"sbxc-vm.o{e.top}.*")) == []
+        # Its stderr is a file: the boot's progress stage (runners/progress.py) is for a terminal only.
+        assert "vm boot: " not in e.stderr, e.stderr
 
 
 def _qemus() -> list[str]:
@@ -705,6 +721,7 @@ def test_the_next_docker_tier_sweeps_what_a_killed_pytest_left_and_not_a_live_ti
     shim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"{dead_dir}/exec/shim"],
                             start_new_session=True)
     try:
+        _shows_in_cmdline(shim.pid, str(dead_dir))
         said = sweep_dead_tiers("docker", tmp_root=tmp_root, fs=fs)
         assert shim.wait(timeout=10) == -signal.SIGKILL
         assert not dead_dir.exists() and live_dir.is_dir()

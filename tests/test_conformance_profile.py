@@ -142,7 +142,7 @@ def test_the_layout_is_removed_even_when_the_body_raises() -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "runners.cli", "witness", *args],
+        [sys.executable, "-m", "commands.cli", "witness", *args],
         cwd=REPO,
         text=True,
         capture_output=True,

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from conformance import controls, controls_cmd
+from commands import controls as controls_cmd
+from conformance import controls
 from conformance.controls import Control
 from conformance.controls_judge import Status
 
@@ -51,7 +52,7 @@ def run_controls(
     if tmpdir is not None:
         env["TMPDIR"] = str(tmpdir)
     done = subprocess.run(
-        [sys.executable, "-m", "runners.cli", "controls", "--json", *args],
+        [sys.executable, "-m", "commands.cli", "controls", "--json", *args],
         cwd=REPO,
         text=True,
         capture_output=True,
@@ -164,7 +165,7 @@ def test_where_the_reference_sandbox_cannot_run_the_command_refuses_with_75(
     done = subprocess.run(
         [
             *(bwrap_path, "--unshare-user", "--disable-userns", "--dev-bind", "/", "/", "--proc", "/proc"),
-            *("--", sys.executable, "-m", "runners.cli", "controls"),
+            *("--", sys.executable, "-m", "commands.cli", "controls"),
         ],
         cwd=REPO,
         text=True,

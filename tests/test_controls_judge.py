@@ -8,15 +8,18 @@ from __future__ import annotations
 import argparse
 import xml.sax.saxutils as sx
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import pytest
 
-from conformance import bwrap_argv, controls, controls_cmd
+from commands import controls as controls_cmd
+from conformance import bwrap_argv, controls
 from conformance import controls_judge as j
 from conformance import test_witnesses as witness_module
 from conformance.controls import Collateral, Control, Needs
 from conformance.controls_judge import Outcome, Status
-from runners.errors import EXIT_FAIL, EXIT_OK, Refusal, UsageError
+from probes.exits import EXIT_FAIL, EXIT_OK, Refusal, UsageError
+from probes.run import Completed
 
 A, B, C, D = "test_a[x]", "test_b", "test_c", "test_d"
 
@@ -388,6 +391,27 @@ def test_only_selects_controls_and_the_unsandboxed_baseline() -> None:
 
 
 def test_bad_jobs_is_a_usage_error() -> None:
-    args = argparse.Namespace(jobs=0, timeout=10.0, as_user=None)
+    args = argparse.Namespace(jobs=0, timeout=10.0, launch_timeout=5.0, as_user=None)
     with pytest.raises(UsageError, match="--jobs"):
         controls_cmd._validate(args)
+
+
+@pytest.mark.parametrize("launch", [0.0, 10.0, 30.0])
+def test_a_launch_timeout_not_below_the_run_timeout_is_a_usage_error(launch: float) -> None:
+    args = argparse.Namespace(jobs=2, timeout=10.0, launch_timeout=launch, as_user=None)
+    with pytest.raises(UsageError, match="--launch-timeout"):
+        controls_cmd._validate(args)
+
+
+def test_each_witness_run_gets_the_launch_timeout(tmp_path: Path) -> None:
+    seen: list[list[str]] = []
+
+    def runner(argv, *, timeout, env, cwd):  # type: ignore[no-untyped-def]
+        seen.append(list(argv))
+        return Completed(tuple(argv), 1, "", "boom", 0.0)
+
+    go = controls_cmd.witness_runner(as_user=None, timeout=400.0, workdir=tmp_path, launch_timeout=120.0,
+                                     runner=runner)
+    go([])
+    argv = seen[0]
+    assert argv[argv.index("--timeout") + 1] == "120.0"

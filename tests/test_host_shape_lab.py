@@ -1,14 +1,18 @@
-"""Issue 12's host-shape lab: the hosts users have, built on real kernels under qemu (runners/vm.py), each
+"""Issue 12's host-shape lab: the hosts users have, built on real kernels under qemu (runners/vm/), each
 asserted for the probe's verdict and named cause and the runner's decision and exit code.
 
-Two boots, each grouping its shapes (a boot under TCG is cheap, the CLI inside is not):
+Three boots, each grouping its shapes (a boot under TCG is cheap, the CLI inside is not):
 - kernel policy (tests/host_shape_lab/kernel_policy.py, stage 2 as PID 1): Debian's generic kernel;
   `kernel.unprivileged_userns_clone=0`, `user.max_user_namespaces=0`, a masked /proc file, a
   read-only /proc/sys, a `bwrap --disable-userns` sandbox around the CLI, a setuid bwrap, and that
   setuid bwrap under the sysctl (Debian <= 10's default), changed between commands inside the guest;
 - systemd (tests/host_shape_lab/systemd_host.py, systemd 252 as PID 1 over the host's / with a tmpfs
   upper layer): logind, a lingering user manager with delegated controllers, `run --delegate`, the
-  systemd-run adapter, the deployment guard against real units.
+  systemd-run adapter, the deployment guard against real units;
+- container host (tests/host_shape_lab/container_host.py, stage 2 as PID 1, cgroup2 only: the shape of
+  Docker Desktop's Linux VM): dockerd with the cgroupfs driver inside the guest, the Docker tier's image
+  loaded into it, `run --mode container` (the cgroup set-up for real, both legs), and a plain `docker
+  run` under Docker's default seccomp profile.
 
 Fast unit tests at the end pin the classification rules these boots proved (they fail on the code
 before the fixes the lab made). The boots' wall times are printed (pytest -s) and in docs/findings.md.
@@ -23,8 +27,9 @@ import shutil
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import pytest
@@ -32,8 +37,16 @@ import pytest
 from probes import owner
 from probes.classify import Cause, Outcome, Rung, Signals, Step, classify
 from probes.finding import Verdict
-from runners import vm, vm_image
-from runners.vm import SystemdGuest, VmResult, run_in_vm
+from runners.vm import image as vm_image
+from runners.vm import qemu as vm
+from runners.vm.qemu import SystemdGuest, VmResult, run_in_vm
+
+if TYPE_CHECKING:
+    from docker_tier import DockerTier
+
+# The Docker tier's session fixture (tests/docker_tier.py): the container boot's image is the one the
+# tier builds once per session from the Dockerfile, saved into the guest's share.
+pytest_plugins = ["docker_tier"]
 
 REPO = Path(__file__).resolve().parent.parent
 LAB = Path(__file__).resolve().parent / "host_shape_lab"
@@ -90,7 +103,8 @@ def _our_qemus(marker: str) -> list[str]:
 
 
 def _boot(name: str, script: str, args: list[str], *, timeout: float,
-          systemd: SystemdGuest | None = None) -> Boot:
+          systemd: SystemdGuest | None = None, prepare: Callable[[Path], None] | None = None) -> Boot:
+    """prepare(workdir): puts what the guest needs into the share before the boot (removed with it)."""
     image = _image()
     # Under /var/tmp (the host's /, seen by the guest), with the owner's stamp: a SIGKILLed session's
     # leftover is swept by the next run (probes/owner.py, prefix sbxc-vm.).
@@ -98,9 +112,11 @@ def _boot(name: str, script: str, args: list[str], *, timeout: float,
     work.chmod(0o711)  # the guest's unprivileged user reaches its report directory (out/, 1777) through it
     files: dict[str, str] = {}
     try:
+        if prepare is not None:
+            prepare(work)
         out = work / "out"
         argv = ["/usr/bin/python3", "-I", "-S", str(LAB / script), "--cli", str(CLI), "--repo", str(REPO),
-                *(a.replace("{out}", str(out)) for a in args)]
+                *(a.replace("{out}", str(out)).replace("{work}", str(work)) for a in args)]
         started = time.monotonic()
         result = run_in_vm(argv, workdir=work, timeout=timeout, cwd=str(REPO), image=image, systemd=systemd)
         wall = time.monotonic() - started
@@ -392,6 +408,165 @@ def _uid(user: str) -> int:
     import pwd
 
     return pwd.getpwnam(user).pw_uid
+
+
+# ---------------------------------------------------------------- container mode on a cgroup2-only host
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerBoot:
+    boot: Boot
+    image: str
+    tarball_left: bool  # the `docker save` tarball still on the host after the boot
+    images_before: frozenset[str]  # the Docker tier's images, before the save and after the boot
+    images_after: frozenset[str]
+
+
+def _tier_images(tier: DockerTier) -> frozenset[str]:
+    listed = tier.docker_cmd("images", "--all", "--quiet", "--no-trunc", timeout=60)
+    assert listed.ok, listed.stderr
+    return frozenset(listed.stdout.split())
+
+
+@pytest.fixture(scope="session")
+def container_boot(docker_tier: DockerTier) -> ContainerBoot:
+    """The image is built once per session by the Docker tier (the guest has no network, so the
+    Dockerfile's apt-get cannot run there); `docker save` puts it in the boot's share, which goes with
+    the workdir."""
+    before = _tier_images(docker_tier)
+    saved: list[Path] = []
+
+    def save(work: Path) -> None:
+        tar = work / "image.tar"
+        saved.append(tar)
+        done = docker_tier.docker_cmd("save", "--output", str(tar), docker_tier.image, timeout=300)
+        if not done.ok:
+            raise RuntimeError(f"docker save {docker_tier.image}: {done.stderr_tail(3)}")
+
+    boot = _boot("container", "container_host.py",
+                 ["--out", "{out}", "--image-tar", "{work}/image.tar", "--image", docker_tier.image],
+                 timeout=900, prepare=save)
+    steps = {k: v.get("seconds") for k, v in boot.doc.items() if isinstance(v, dict) and "seconds" in v}
+    print(f"host-shape lab, container boot steps (s): {steps}")
+    return ContainerBoot(boot, docker_tier.image, any(p.exists() for p in saved), before,
+                         _tier_images(docker_tier))
+
+
+def _in_plain_container(container_boot: ContainerBoot) -> dict[str, Any]:
+    """What the commands in the plain `docker run` saw (container_host.py IN_CONTAINER)."""
+    done = _ok(container_boot.boot)["seccomp"]
+    assert done["rc"] == 0, (done["stdout"][-2000:], done["stderr"][-2000:])
+    seen: dict[str, Any] = json.loads(done["stdout"].strip().splitlines()[-1])
+    return seen
+
+
+CGROUP_FAMILIES = ("cgroup", "memory_max", "pids_max")
+CGROUP_TESTS = ("test_the_task_runs_in_its_own_cgroup_leaf",
+                "test_an_allocation_past_memory_max_is_oom_killed",
+                "test_forking_past_pids_max_fails_with_eagain",
+                "test_a_task_tree_is_reaped_whole_by_cgroup_kill")
+SETUP_ROOT = "/sys/fs/cgroup/tasks"  # runners/cgroup_setup.py: <the container's cgroup2 mount>/tasks
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(2400)  # the Docker tier's set-up (debootstrap, build) may be paid here, then the boot
+class TestContainerHost:
+    def test_the_guest_is_cgroup2_only_and_dockerd_files_containers_with_cgroupfs(
+            self, container_boot: ContainerBoot) -> None:
+        doc = _ok(container_boot.boot)
+        # One cgroup2 mount, no v1 hierarchy bound to any controller (/proc/cgroups column 2 is 0).
+        fstypes = [m.split(" - ")[1].split()[0] for m in doc["cgroup_mounts"]]
+        assert fstypes == ["cgroup2"], doc["cgroup_mounts"]
+        rows = [line.split() for line in doc["proc_cgroups"].splitlines()[1:]]
+        assert rows and all(r[1] == "0" for r in rows), doc["proc_cgroups"]
+        assert {"memory", "pids"} <= set(doc["root_controllers"].split())
+        assert doc["dockerd"]["up"], doc["dockerd"]
+        assert doc["info"]["stdout"].split()[:3] == ["2", "cgroupfs", "overlay2"], doc["info"]
+        assert "name=seccomp,profile=default" in doc["info"]["stdout"], doc["info"]
+        assert f"Loaded image: {container_boot.image}" in doc["load"]["stdout"], doc["load"]
+
+    def test_nothing_is_left_behind(self, container_boot: ContainerBoot) -> None:
+        boot = container_boot.boot
+        assert boot.leftover_qemu == [] and not boot.leftover_workdir
+        assert not container_boot.tarball_left
+        # docker save creates no image; the tier's images are the tier's, removed at its teardown.
+        assert container_boot.images_after == container_boot.images_before
+        left = _ok(boot)["containers_left"]
+        assert left["rc"] == 0 and left["stdout"].split() == [], left  # in the guest: run's --rm and rm
+
+    def test_container_mode_passes_both_legs_after_a_real_cgroup_setup(
+            self, container_boot: ContainerBoot) -> None:
+        done = _ok(container_boot.boot)["run"]
+        out = done["stdout"][-3000:] + done["stderr"][-3000:]
+        assert done["rc"] == 0, out
+        setup = [ln for ln in done["stderr"].splitlines() if "container: cgroup set-up:" in ln]
+        assert setup == [f"sandbox-conformance run: container: cgroup set-up: exported "
+                         f"SANDBOX_CONFORMANCE_CGROUP_ROOT={SETUP_ROOT}"], out
+        for label in ("root", "sbxc"):
+            assert f"container: as {label}: PASS" in done["stderr"], out
+        last = done["stderr"].strip().splitlines()[-1]
+        assert last.startswith("sandbox-conformance: PASS mode=container exit=0"), last
+        verdict = json.loads(container_boot.boot.files["verdict.json"])
+        assert (verdict["verdict"], verdict["mode"], verdict["exit"]) == ("PASS", "container", 0), verdict
+
+    @pytest.mark.parametrize("label", ["root", "sbxc"])
+    def test_the_cgroup_witnesses_passed_in_the_leg(self, container_boot: ContainerBoot, label: str) -> None:
+        """The runner's --require means nothing may skip: every witness ran in both legs, the cgroup
+        ones in leaves under the root the set-up proved (the task's cgroup as the host side saw it)."""
+        files = container_boot.boot.files
+        report = json.loads(files[f"run-{label}.json"])
+        assert report["as_user"] == (None if label == "root" else "sbxc")
+        assert report["cgroup_setup"]["root"] == SETUP_ROOT, report["cgroup_setup"]
+        assert report["summary"]["not_tested"] == 0 and report["summary"]["broken"] == 0, report["summary"]
+        verdicts = _verdicts(report)
+        kept = dict.fromkeys(CGROUP_FAMILIES, "kept")
+        assert {k: verdicts.get(k) for k in CGROUP_FAMILIES} == kept, verdicts
+        outcomes = {t["nodeid"].rsplit("::", 1)[-1]: t["outcome"]
+                    for p in report["promises"] for t in p["tests"] if t["family"] in CGROUP_FAMILIES}
+        assert outcomes and set(outcomes.values()) == {"passed"}, outcomes
+        cases = _junit(files[f"run-{label}.xml"])
+        passed = dict.fromkeys(CGROUP_TESTS, "passed")
+        assert {name: cases.get(name) for name in CGROUP_TESTS} == passed, cases
+        leaves = [t["cgroup"] for t in report["tasks"] if t.get("cgroup")]
+        assert leaves and all(c["path"].startswith(f"{SETUP_ROOT}/") for c in leaves), leaves
+        # The memory.max witness's task met its leaf's limit: the kernel counted an OOM kill there.
+        assert any(c.get("oom_kill", 0) >= 1 for c in leaves), leaves
+
+    def test_dockers_default_seccomp_profile_denies_userns_with_its_cause(
+            self, container_boot: ContainerBoot) -> None:
+        """A plain `docker run` of the same image: no CAP_SYS_ADMIN, Seccomp: 2. bwrap blames the
+        kernel (NO_USERNS), which allows user namespaces here; the probe names the filter."""
+        seen = _in_plain_container(container_boot)
+        assert "Seccomp:\t2" in seen["status"]["stdout"], seen["status"]
+        by = _findings(seen["probe"])
+        ladder = ("userns", "userns.map", "netns", "pidns.proc")
+        expected = {"userns": ("denied", "seccomp"), "userns.map": ("unknown", "earlier_rung"),
+                    "netns": ("denied", "seccomp"), "pidns.proc": ("denied", "seccomp")}
+        for who in ("", "@sbxc"):
+            got = {p: (by[p + who]["verdict"], by[p + who]["facts"].get("cause")) for p in ladder}
+            assert got == expected, {p: by[p + who]["reason"] for p in ladder}
+        assert by["userns"]["evidence"]["errno"] == "EPERM", by["userns"]["evidence"]
+        # The kernel allows them: bwrap's "the kernel does not allow" is wrong here, the filter refused.
+        assert by["userns"]["evidence"]["kernel.unprivileged_userns_clone"] == "1", by["userns"]["evidence"]
+        assert by["netns"]["evidence"]["stderr"] == NO_USERNS
+        assert (by["platform"]["verdict"], by["platform"]["facts"]["container"]) == ("detected", "docker")
+        for key in ("bwrap_root", "bwrap_user"):
+            assert (seen[key]["rc"], seen[key]["stderr"].strip()) == (1, NO_USERNS), seen[key]
+
+    @pytest.mark.parametrize("key", ["run_root", "run_user"])
+    def test_run_in_the_plain_container_refuses_naming_the_filter(self, container_boot: ContainerBoot,
+                                                                  key: str) -> None:
+        done = _in_plain_container(container_boot)[key]
+        assert done["rc"] == 75, done
+        lines = done["stderr"].strip().splitlines()
+        assert lines[-1].startswith("sandbox-conformance: REFUSED mode=auto exit=75"), lines
+        assert any("because: userns: denied" in ln and "seccomp filter without CAP_SYS_ADMIN" in ln
+                   for ln in lines), lines
+        assert "install bubblewrap" not in done["stderr"]
+        # The filter, not nesting: and the container's own way on beside leaving it.
+        assert "user namespaces are denied here (seccomp)" in done["stderr"], lines
+        assert "nested user namespaces are refused" not in done["stderr"], lines
+        assert any("way on:" in ln and "seccomp=unconfined" in ln for ln in lines), lines
 
 
 # ---------------------------------------------------------------- the rules the boots proved (fast)

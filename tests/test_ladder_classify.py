@@ -17,7 +17,18 @@ import pytest
 
 from probes import bwrap as bwrap_probe
 from probes import ladder
-from probes.classify import RUNGS, Cause, Outcome, Rung, Signals, Step, classify, wsl_of
+from probes.classify import (
+    RUNGS,
+    Cause,
+    Outcome,
+    Rung,
+    Signals,
+    Step,
+    apparmor_enforcing,
+    apparmor_mode,
+    classify,
+    wsl_of,
+)
 from probes.finding import Finding, Verdict
 from probes.host import Host
 from probes.run import Completed
@@ -60,6 +71,9 @@ TMPFS_EPERM = "bwrap: Failed to mount tmpfs: Operation not permitted"
 # bwrap 0.8.0 on 6.18 under a read-only /proc/sys and a read-only /proc (observed, issue 12).
 RO_SYS_LINE = "bwrap: cannot open /proc/sys/user/max_user_namespaces: Read-only file system"
 RO_MAP_LINE = "bwrap: setting up uid map: Read-only file system"
+# bwrap 0.8.0 under an AppArmor profile without `userns,` (Debian 6.12, tests/test_host_shape_apparmor.py).
+NS_EACCES = "bwrap: Creating new namespace failed: Permission denied"
+DENY_LABEL = "sbxc-lab-deny (enforce)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +86,8 @@ class Shape:
     max_user_namespaces: int | None = 15000
     apparmor_restrict: int | None = None
     apparmor_label: str | None = None
+    # securityfs's apparmor/features/namespaces/mask; None: no securityfs (no features directory).
+    apparmor_ns_mask: str | None = None
     userns_ino: int = USER_INIT
     mountinfo: str = PLAIN_MOUNTINFO
     osrelease: str = "6.1.0-18-amd64"
@@ -192,6 +208,11 @@ def fake_host(tmp_path: Path, shape: Shape = Shape(), answers: Mapping[str, Answ
             (proc / rel).write_text(f"{value}\n")
     if shape.apparmor_label is not None:
         (proc / "self/attr/apparmor/current").write_text(shape.apparmor_label + "\n")
+    if shape.apparmor_ns_mask is not None:
+        features = sys_ / "kernel/security/apparmor/features"
+        (features / "namespaces").mkdir(parents=True)
+        if shape.apparmor_ns_mask:
+            (features / "namespaces/mask").write_text(shape.apparmor_ns_mask + "\n")
     if shape.pids is not None:
         (proc / "self/cgroup").write_text("5:pids:/user.slice/job\n0::/user.slice/job\n")
         node = sys_ / "fs/cgroup/pids/user.slice/job"
@@ -237,6 +258,40 @@ SCENARIOS: dict[str, tuple[Shape, dict[str, Answer], dict[str, tuple[Verdict, st
         Shape(apparmor_restrict=1, apparmor_label="unconfined"),
         {"userns": {"uid_map": "EPERM"}, **every_bwrap(fail(UID_MAP_EPERM))},
         ladder_of(OK, (D, "apparmor"), (D, "apparmor"), (D, "apparmor"), (D, "apparmor"))),
+    # Upstream 6.7+: the caller is confined by a profile in enforce mode that has no `userns,`; the
+    # kernel refuses its unshare and bwrap's clone with EACCES (was: unclassified, then earlier_rung).
+    "apparmor profile without userns": (
+        Shape(apparmor_label=DENY_LABEL, apparmor_ns_mask="userns_create"),
+        {"userns": {"unshare": "EACCES"}, **every_bwrap(fail(NS_EACCES))},
+        ladder_of((D, "apparmor"), (UNK, "earlier_rung"), *[(D, "apparmor")] * 3)),
+    "apparmor profile without userns, as root": (
+        Shape(euid=0, cap_eff=ROOT_CAPS, apparmor_label=DENY_LABEL, apparmor_ns_mask="userns_create"),
+        {"userns": {"unshare": "EACCES"}, **every_bwrap(fail(NS_EACCES))},
+        ladder_of((D, "apparmor"), (UNK, "earlier_rung"), *[(D, "apparmor")] * 3)),
+    # securityfs not mounted (a container): the confined label and EACCES still name it.
+    "apparmor profile without userns, no securityfs": (
+        Shape(apparmor_label=DENY_LABEL),
+        {"userns": {"unshare": "EACCES"}, **every_bwrap(fail(NS_EACCES))},
+        ladder_of((D, "apparmor"), (UNK, "earlier_rung"), *[(D, "apparmor")] * 3)),
+    # The same refusal where AppArmor is not the reason: a kernel whose AppArmor does not mediate user
+    # namespaces (before 6.7), a profile in complain mode (it logs, never refuses), no confinement.
+    "EACCES under a kernel that does not mediate userns": (
+        Shape(apparmor_label=DENY_LABEL, apparmor_ns_mask=""),
+        {"userns": {"unshare": "EACCES"}, **every_bwrap(fail(NS_EACCES))},
+        ladder_of((D, "unclassified"), (UNK, "earlier_rung"), *[(UNK, "earlier_rung")] * 3)),
+    "EACCES under a profile in complain mode": (
+        Shape(apparmor_label="sbxc-lab-deny (complain)", apparmor_ns_mask="userns_create"),
+        {"userns": {"unshare": "EACCES"}, **every_bwrap(fail(NS_EACCES))},
+        ladder_of((D, "unclassified"), (UNK, "earlier_rung"), *[(UNK, "earlier_rung")] * 3)),
+    "EACCES unconfined": (
+        Shape(apparmor_label="unconfined", apparmor_ns_mask="userns_create"),
+        {"userns": {"unshare": "EACCES"}, **every_bwrap(fail(NS_EACCES))},
+        ladder_of((D, "unclassified"), (UNK, "earlier_rung"), *[(UNK, "earlier_rung")] * 3)),
+    # The profile lets our own unshare through (it has `userns,`): a later EACCES is not its missing rule.
+    "confined, userns allowed, bwrap refused": (
+        Shape(apparmor_label="sbxc-lab-allow (enforce)", apparmor_ns_mask="userns_create"),
+        every_bwrap(fail(UID_MAP_EPERM)),
+        ladder_of(OK, OK, (D, "unclassified"), *[(UNK, "earlier_rung")] * 2)),
     "debian unprivileged_userns_clone=0": (
         Shape(unprivileged_userns_clone=0),
         {"userns": {"unshare": "EPERM"}, **every_bwrap(fail(NO_PERMISSION))},
@@ -452,6 +507,57 @@ def test_process_signals_come_from_the_trial_user_not_from_us(tmp_path: Path) ->
     assert verdicts(findings)["userns.map"] == (D, "apparmor")
     assert all(f.facts["user"] == "bob" for f in findings)
     assert runner.calls and all(c[:2] == ("setpriv", "--reuid=bob") for c in runner.calls)
+
+
+def test_an_apparmor_profile_without_userns_is_named_with_its_label_and_the_way_on(tmp_path: Path) -> None:
+    shape, answers, _ = SCENARIOS["apparmor profile without userns"]
+    host, _ = fake_host(tmp_path, shape, answers)
+    by = {f.probe: f for f in ladder.probe(host)}
+    f = by["userns"]
+    assert (f.facts["step"], f.facts["errno"]) == ("unshare", "EACCES")
+    assert DENY_LABEL in f.reason and "`userns,`" in f.reason and "profile sbxc-lab-deny" in f.reason
+    assert "apparmor_restrict_unprivileged_userns" not in f.reason  # not Ubuntu's sysctl: absent here
+    assert f.evidence["apparmor_label"] == DENY_LABEL
+    assert f.evidence["apparmor userns mediation"] == "True"
+    assert by["netns"].evidence["stderr"] == NS_EACCES  # bwrap's words, kept as evidence only
+
+
+def test_the_apparmor_profile_cause_rests_on_the_signals_not_on_bwraps_words(tmp_path: Path) -> None:
+    shape = SCENARIOS["apparmor profile without userns"][0]
+    unknown_words = fail("bwrap: une erreur inconnue: Permission denied")
+    host, _ = fake_host(tmp_path, shape, {"userns": {"unshare": "EACCES"}, **every_bwrap(unknown_words)})
+    assert verdicts(ladder.probe(host)) == SCENARIOS["apparmor profile without userns"][2]
+    # The same words and errnos without the confined label name no AppArmor cause.
+    _, answers, _ = SCENARIOS["apparmor profile without userns"]
+    host, _ = fake_host(tmp_path / "unconfined", Shape(apparmor_ns_mask="userns_create"), answers)
+    assert verdicts(ladder.probe(host))["userns"] == (D, "unclassified")
+
+
+@pytest.mark.parametrize(("label", "mode", "enforcing"), [
+    ("unconfined", "unconfined", False),
+    ("sbxc-lab-deny (enforce)", "enforce", True),
+    ("/usr/bin/man (complain)", "complain", False),
+    ("docker-default (enforce)\x00", "enforce", True),
+    ("firefox (unconfined)", "unconfined", False),  # AppArmor 4's flags=(unconfined) profiles
+    ("a//&b (mixed)", "mixed", True),
+    ("strict (kill)", "kill", True),
+    (None, None, False),
+    ("garbage", None, False),
+])
+def test_apparmor_mode_from_the_label(label: str | None, mode: str | None, enforcing: bool) -> None:
+    assert apparmor_mode(label) == mode
+    assert apparmor_enforcing(label) is enforcing
+
+
+@pytest.mark.parametrize(("mask", "expected"), [
+    (None, None),  # no securityfs: unknown
+    ("userns_create", True),  # upstream 6.7+ (Debian's 6.12: exactly this)
+    ("", False),  # AppArmor without the mediation (before 6.7)
+])
+def test_the_userns_mediation_signal_comes_from_securityfs(tmp_path: Path, mask: str | None,
+                                                           expected: bool | None) -> None:
+    host, _ = fake_host(tmp_path, Shape(apparmor_ns_mask=mask))
+    assert ladder.gather_signals(host).apparmor_userns is expected
 
 
 def test_a_healthy_host_is_answered_by_one_combined_bwrap(tmp_path: Path) -> None:

@@ -83,7 +83,7 @@ def test_the_placeholders_are_listed_identically_in_readme_help_and_code() -> No
     assert listed is not None, "README.md lost its placeholder list"
     assert re.findall(r"`\{(\w+)\}`", listed.group(1)) == list(PLACEHOLDERS)
     helptext = subprocess.run(
-        [sys.executable, "-m", "runners.cli", "witness", "--help"], capture_output=True, text=True,
+        [sys.executable, "-m", "commands.cli", "witness", "--help"], capture_output=True, text=True,
         timeout=60, cwd=REPO, env={"PATH": os.environ["PATH"], "COLUMNS": "400"},
     ).stdout
     assert all("{" + p + "}" in helptext for p in PLACEHOLDERS), helptext

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from mrcheck import tiers as mr_tiers
+from mrcheck.config import ConfigError, MissingConfig, Tier, TierKind, load, parse
+from mrcheck.git import Change, Source, Status, collect
+from mrcheck.globs import GlobError, compile_glob, matches
+from mrcheck.report import plan
+from mrcheck.tiers import Gate, Outcome, TierResult, classify_runner, run_tier
 from probes.finding import Finding, Verdict
 from probes.run import Completed, minimal_env, run
-from runners import mr_tiers
-from runners.mr_config import ConfigError, MissingConfig, Tier, TierKind, load, parse
-from runners.mr_git import Change, Source, Status, collect
-from runners.mr_globs import GlobError, compile_glob, matches
-from runners.mr_report import plan
-from runners.mr_tiers import Gate, Outcome, TierResult, classify_runner, run_tier
 from runners.run_verdict import RunVerdict
 
 REPO = Path(__file__).resolve().parent.parent
@@ -138,7 +138,7 @@ def test_a_config_file_may_hold_the_tiers_at_its_top_level(tmp_path: Path) -> No
 
 
 def test_git_z_output_is_parsed_without_quoting_or_splitting_paths() -> None:
-    from runners.mr_git import parse_diff_z, parse_status_z
+    from mrcheck.git import parse_diff_z, parse_status_z
     diff = "M\0a b.py\0R087\0old\nname\0new name\0D\0gone\0"
     assert parse_diff_z(diff) == [
         Change("a b.py", Status.modified, Source.committed),
@@ -227,7 +227,7 @@ def test_the_runner_is_told_where_its_verdict_goes_outside_the_command_it_prints
 ])
 def test_the_overall_verdict_is_never_green_when_a_touched_tier_did_not_pass(outcomes: list[Outcome],
                                                                              expected: Outcome) -> None:
-    from runners.mr_report import overall
+    from mrcheck.report import overall
     assert overall([TierResult(o, "r") for o in outcomes]) is expected
 
 
@@ -250,8 +250,8 @@ def test_a_refused_gate_means_the_command_never_starts(tmp_path: Path) -> None:
 
 
 def test_the_handover_names_files_tier_command_and_why_in_every_format() -> None:
-    from runners.mr_git import Changes
-    from runners.mr_report import Format, Invocation, Report, render
+    from mrcheck.git import Changes
+    from mrcheck.report import Format, Invocation, Report, render
     tier = Tier("cmd|pipe", ("src/**",), TierKind.command, argv=("sh", "-c", "a | b"))
     moved = Change("src/new.py", Status.renamed, Source.committed, "lib/old.py")
     changes = Changes(Path("/r"), "main", "b" * 40, "m" * 40, "h" * 40, (moved,), "hhhhhhh")
@@ -327,7 +327,7 @@ def mr_check(repo: Path, *args: str, env: dict[str, str] | None = None,
     for key in ("SANDBOX_CONFORMANCE_MODE", "SANDBOX_CONFORMANCE_DEPLOYMENT_CONFIG"):
         if env is None or key not in env:
             full.pop(key, None)
-    return run([*prefix, sys.executable, "-P", "-m", "runners.cli", "mr-check", *args],
+    return run([*prefix, sys.executable, "-P", "-m", "commands.cli", "mr-check", *args],
                timeout=CLI_TIMEOUT, env=full, cwd=str(repo))
 
 
@@ -497,7 +497,7 @@ run = { kind = "witness" }
 
 def _witness_suite_or_skip() -> None:
     try:
-        import conformance.cli  # noqa: F401
+        import commands.witness  # noqa: F401
     except ModuleNotFoundError as e:
         pytest.skip(f"the witness suite is not in this checkout: {e}")
 
@@ -682,8 +682,9 @@ def test_a_cgroup_tier_on_this_host_follows_the_cgroup_probe_never_green_unteste
 @pytest.mark.timeout(900)
 def test_a_cgroup_tier_runs_for_real_with_mode_vm_where_the_host_cannot_delegate(tmp_path: Path) -> None:
     """The way on this host names (`--mode vm`) really runs the cgroup witnesses and reports PASS."""
-    from runners import vm, vm_image
-    from runners.vm_image import ImageError
+    from runners.vm import image as vm_image
+    from runners.vm import qemu as vm
+    from runners.vm.image import ImageError
 
     if os.geteuid() != 0:
         pytest.skip("the VM tier runs as root")

@@ -30,12 +30,12 @@ from test_mr_check import (
     write,
 )
 
+from mrcheck import tiers as mr_tiers
+from mrcheck.config import ConfigError, Tier, TierKind, parse, resolve_launcher
+from mrcheck.git import Change, Changes, Source, Status
+from mrcheck.report import Format, Invocation, Report, plan, render
+from mrcheck.tiers import Outcome, TierResult, classify_runner
 from probes.run import Completed, run
-from runners import mr_tiers
-from runners.mr_config import ConfigError, Tier, TierKind, parse, resolve_launcher
-from runners.mr_git import Change, Changes, Source, Status
-from runners.mr_report import Format, Invocation, Report, plan, render
-from runners.mr_tiers import Outcome, TierResult, classify_runner
 from runners.run_verdict import RunVerdict
 
 CLI_TIMEOUT = 900.0
@@ -50,7 +50,7 @@ def cli(cwd: Path, *args: str, env: dict[str, str] | None = None) -> Completed:
     for key in ("SANDBOX_CONFORMANCE_MODE", "SANDBOX_CONFORMANCE_DEPLOYMENT_CONFIG"):
         if env is None or key not in env:
             full.pop(key, None)
-    return run([sys.executable, "-P", "-m", "runners.cli", *args], timeout=CLI_TIMEOUT, env=full,
+    return run([sys.executable, "-P", "-m", "commands.cli", *args], timeout=CLI_TIMEOUT, env=full,
                cwd=str(cwd))
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from witness_cli import witness
 
-from conformance import controls_cmd, observer
+from commands import controls as controls_cmd
+from conformance import observer
 from conformance.controls_judge import Status, Verdict
 from conformance.harness import HarnessError, check_document
 from conformance.plan import Plan
@@ -192,7 +193,7 @@ def test_a_reference_whose_path_leads_nowhere_holds_every_mount_of_its_filesyste
 
 def test_run_refuses_an_unwritable_report_before_probing_anything(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "runners.cli", "run", "--json", str(tmp_path / "missing" / "r.json")],
+        [sys.executable, "-m", "commands.cli", "run", "--json", str(tmp_path / "missing" / "r.json")],
         cwd=Path(__file__).resolve().parent.parent,
         capture_output=True,
         text=True,

@@ -165,6 +165,20 @@ def test_podman_answers_without_a_daemon(root, bindir):
     assert (f.facts["cli"], f.facts["socket"], f.facts["rootless"]) == ("podman", None, True)
 
 
+def test_a_slow_podman_gets_the_hosts_whole_timeout_not_the_daemon_clis(root, bindir, monkeypatch):
+    """`podman info` does the engine's work itself (no daemon): slower than `docker info` asking one,
+    seen over 5 s in a TCG guest. Only the docker CLI is held to CLI_TIMEOUT."""
+    monkeypatch.setattr(ce, "CLI_TIMEOUT", 0.2)
+    doc = json.dumps({"host": {"security": {"rootless": False}}, "version": {"Version": "4.3.1"}})
+    shim(bindir, "podman", f"""\
+        /bin/sleep 0.6
+        printf '%s\\n' '{doc}'
+        """)
+    f = probe(host(root, bindir))
+    assert f.verdict is Verdict.supported, f.reason
+    assert f.facts["cli"] == "podman"
+
+
 def test_a_refused_socket_is_denied():
     ep = ce.Endpoint("docker", "unix:///var/run/docker.sock", "default")
     a = ce.Attempt("docker", "/usr/bin/docker", ep, "EACCES", None, "connect: EACCES")

@@ -57,7 +57,7 @@ def probe_in(tier: DockerTier, flags: list[str], user: str) -> dict[str, dict[st
     c = tier.docker_cmd("run", "--rm", "--user", user, *flags,
                         "--volume", f"{REPO}:/src:ro", "--env", "PYTHONPATH=/src",
                         "--env", "PYTHONDONTWRITEBYTECODE=1", "--workdir", "/tmp",
-                        tier.image, "python3", "-m", "runners.cli", "probe", "--json",
+                        tier.image, "python3", "-m", "commands.cli", "probe", "--json",
                         "--only", ",".join((*LADDER, "sandboxed")), timeout=180)
     assert c.ok, f"the probe did not run in the container: {c.stderr_tail(5)}"
     return {f["probe"]: f for f in json.loads(c.stdout)["findings"]}

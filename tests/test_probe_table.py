@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from commands.probe import render_table, way_on
 from probes.finding import Finding, Verdict
 from runners import decide
-from runners.probe_cmd import render_table, way_on
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = REPO / ".venv/bin/sandbox-conformance"

@@ -8,7 +8,7 @@ Directive, on the line before the fence:
 
     <!-- readme-test: [in checkout;] exit 0; exit 75; skip: boots qemu for minutes -->
 
-Also here: the README's command table is the one the parsers render (runners/commands_table.py)."""
+Also here: the README's command table is the one the parsers render (commands/table.py)."""
 
 from __future__ import annotations
 
@@ -148,11 +148,11 @@ def test_every_runnable_command_of_a_document_exits_as_documented(
 
 
 def test_the_commands_table_is_the_one_the_parsers_render() -> None:
-    from runners import commands_table
+    from commands import table as commands_table
 
     table = commands_table.render()
     text = (REPO / "README.md").read_text()
     begin, end = text.index(commands_table.BEGIN), text.index(commands_table.END) + len(commands_table.END)
     assert text[begin:end] == table, (
-        f"README's command table is stale; paste `python -m runners.commands_table`:\n{table}"
+        f"README's command table is stale; paste `python -m commands.table`:\n{table}"
     )

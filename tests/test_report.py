@@ -17,6 +17,7 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,7 +26,7 @@ import pytest
 
 from conformance import output, render
 from conformance.render import Format, Style
-from runners.progress import Progress
+from runners.progress import Progress, result_word
 
 REPO = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -69,7 +70,7 @@ def sbxc(*args: str, tty_out: bool, tty_err: bool, env: Mapping[str, str]) -> Ra
         else:
             r, w = os.pipe()
             fds[name] = (r, w)
-    proc = subprocess.Popen([sys.executable, "-m", "runners.cli", *args], cwd=REPO, env=dict(env),
+    proc = subprocess.Popen([sys.executable, "-m", "commands.cli", *args], cwd=REPO, env=dict(env),
                             stdin=subprocess.DEVNULL, stdout=fds["out"][1], stderr=fds["err"][1],
                             start_new_session=True)
     for _, w in fds.values():
@@ -118,7 +119,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 @pytest.fixture
 def native(bwrap_path: str, env: dict[str, str]) -> None:
     """`run --mode native` must run here: where it refuses, these tests skip with its reason."""
-    done = subprocess.run([sys.executable, "-m", "runners.cli", "run", "--mode", "native", "--print-mode"],
+    done = subprocess.run([sys.executable, "-m", "commands.cli", "run", "--mode", "native", "--print-mode"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         pytest.skip(f"run --mode native refuses here: {done.stdout.strip()}")
@@ -170,7 +171,7 @@ def test_through_a_pipe_run_prints_lines_without_colour_or_progress(native: None
     assert not ANSI.search(ran.both), "colour through a pipe"
     assert PROGRESS not in ran.stderr, "progress through a pipe"
     lines = ran.stdout.strip().splitlines()
-    # The parsed form (runners/mr_tiers.py, the tests): `promise: verdict[: detail]`, then the summary.
+    # The parsed form (mrcheck/tiers.py, the tests): `promise: verdict[: detail]`, then the summary.
     assert lines[-1].startswith("witness: ") and ": PASS [" in lines[-1], lines[-1]
     assert all(re.match(r"^\S.*: (kept|BROKEN|not tested)(: .*)?$", ln) for ln in lines[:-1]), lines
 
@@ -366,6 +367,40 @@ def test_a_heartbeat_says_a_long_stage_is_alive() -> None:
     st.end("kvm")
     beats = [ln for ln in loud.getvalue().splitlines() if ln.endswith("so far")]
     assert beats and loud.getvalue().splitlines()[-1].startswith("p: vm boot: done in "), loud.getvalue()
+
+
+def test_only_the_innermost_stage_with_a_heartbeat_beats() -> None:
+    """A build inside a run: one `so far` line per beat, the build's, and the run's again after it."""
+    loud = _Tty()
+    progress = Progress("p", stream=loud)
+    run = progress.begin("container run", heartbeat=0.05)
+    with progress.stage("container image build", heartbeat=0.05):
+        time.sleep(0.4)
+        during = loud.getvalue().splitlines()
+    time.sleep(0.4)
+    run.end("PASS")
+    beats = [ln for ln in during if ln.endswith("so far")]
+    assert beats and all(ln.startswith("p: container image build: ") for ln in beats), during
+    after = loud.getvalue().splitlines()[len(during):]
+    assert any(ln.startswith("p: container run: ") and ln.endswith("so far") for ln in after), after
+
+
+def test_a_stage_ended_from_two_threads_says_so_once() -> None:
+    loud = _Tty()
+    st = Progress("p", stream=loud, clock=iter([0.0, 4.0, 4.0, 4.0]).__next__).begin("vm boot")
+    threads = [threading.Thread(target=st.end, args=("tcg",)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert loud.getvalue() == "p: vm boot: started\np: vm boot: done in 4.0s (tcg)\n"
+    assert st.ended
+
+
+@pytest.mark.parametrize(("code", "word"), [(0, "PASS"), (1, "FAIL"), (2, "ERROR"), (75, "REFUSED"),
+                                            (None, "timed out"), (-9, "exit -9")])
+def test_a_legs_result_word_is_the_verdict_lines(code: int | None, word: str) -> None:
+    assert result_word(code) == word
 
 
 def test_run_log_is_removed_when_the_run_passed_and_kept_when_not(tmp_path: Path) -> None:

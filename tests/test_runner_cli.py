@@ -34,7 +34,7 @@ def base_env(**extra: str) -> dict[str, str]:
 
 def sbxc(*args: str, env: Mapping[str, str] | None = None, timeout: float = 120,
          prefix: tuple[str, ...] = (), cwd: str | None = None) -> Completed:
-    return run([*prefix, PYTHON, "-m", "runners.cli", *args], timeout=timeout,
+    return run([*prefix, PYTHON, "-m", "commands.cli", *args], timeout=timeout,
                env=dict(env) if env is not None else base_env(), cwd=cwd or str(REPO))
 
 
@@ -47,8 +47,8 @@ def verdict(c: Completed) -> tuple[str, str, int]:
 
 
 def needs_witness() -> None:
-    if not (REPO / "conformance" / "cli.py").exists():
-        pytest.skip("the witness command (conformance/cli.py) is not in this checkout yet")
+    if not (REPO / "commands" / "witness.py").exists():
+        pytest.skip("the witness command (commands/witness.py) is not in this checkout yet")
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_native_as_root_passes(root_only: None, bwrap_path: str) -> None:
 def test_native_as_an_unprivileged_user_passes(test_user: str, bwrap_path: str) -> None:
     needs_witness()
     setpriv = ("setpriv", f"--reuid={test_user}", f"--regid={test_user}", "--init-groups", "--inh-caps=-all")
-    check = f"import runners.cli; open({str(REPO / 'pyproject.toml')!r}).read()"
+    check = f"import commands.cli; open({str(REPO / 'pyproject.toml')!r}).read()"
     reach = run([*setpriv, PYTHON, "-c", check], timeout=30, env=base_env(HOME="/tmp"), cwd=str(REPO))
     if not reach.ok:
         pytest.skip(f"the checkout or venv is not readable by {test_user}: {reach.stderr_tail(1)}")

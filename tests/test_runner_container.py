@@ -48,7 +48,7 @@ BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 COLLECT = """\
 import json, os, sys
 import pytest
-from conformance.cli import WITNESS_MODULE
+from commands.witness import WITNESS_MODULE
 
 class Families:
     def __init__(self): self.found = []
@@ -152,7 +152,7 @@ def container_run(docker_tier: DockerTier,
                              for i in (ids if hybrid else ())))
     env = {**docker_tier.env, "PATH": BASE_PATH, "LANG": "C.UTF-8"}
     before = host_cgroup_snapshot()
-    c = run([sys.executable, "-m", "runners.cli", "run", "--mode", "container",
+    c = run([sys.executable, "-m", "commands.cli", "run", "--mode", "container",
              "--base-image", docker_tier.base, "--require", "--expected-skips", str(skips),
              "--junitxml", str(tmp / "junit.xml"), "--json", str(tmp / "report.json")],
             timeout=SETUP_TIMEOUT - 60, env=env, cwd=str(REPO))
@@ -294,7 +294,8 @@ def test_the_setups_writes_land_in_the_containers_own_cgroup(docker_tier: Docker
 def test_the_container_is_gone_after_the_run(docker_tier: DockerTier) -> None:
     """Whatever the run did, it left no container behind on the engine."""
     env = {**docker_tier.env, "LANG": "C.UTF-8"}
-    c = run([sys.executable, "-m", "runners.cli", "run", "--mode", "container", "--image", "no-such-image:x"],
+    c = run([sys.executable, "-m", "commands.cli", "run", "--mode", "container",
+             "--image", "no-such-image:x"],
             timeout=300, env=env, cwd=str(REPO))
     assert c.returncode == 75, c.stderr
     assert "starting a container from no-such-image:x failed" in c.stderr

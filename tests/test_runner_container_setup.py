@@ -4,9 +4,11 @@ The end-to-end half (a real dockerd) is in test_runner_container.py."""
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -15,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from probes.cgroupfs import PROMISE_ENV as ENV_ROOT
 from probes.run import Completed
 from runners import container
-from runners.cgroup_setup import ENV_ROOT
 from runners.container import CgroupSetup, Engine, read_setup, security_flags
+from runners.progress import Progress
 from runners.witness_args import WitnessOptions
 
 TMPFS_REASON = ("/sys/fs/cgroup is tmpfs, not cgroup2 (a v1 or hybrid layout cannot delegate memory to a "
@@ -315,7 +318,7 @@ def test_run_in_container_mode_offline_refuses_with_the_way_on(offline_engine, t
     verdict = tmp_path / "verdict.json"
     env = {"PATH": f"{bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
            "LANG": "C.UTF-8", "HOME": str(tmp_path), "DOCKER_HOST": "tcp://127.0.0.1:9"}
-    c = subprocess.run([sys.executable, "-m", "runners.cli", "run", "--mode", "container",
+    c = subprocess.run([sys.executable, "-m", "commands.cli", "run", "--mode", "container",
                         "--verdict-json", str(verdict)], cwd=container.REPO, env=env, capture_output=True,
                        text=True, timeout=300)
     lines = c.stderr.strip().splitlines()
@@ -430,3 +433,64 @@ def test_the_base_image_script_says_what_is_missing(script_env, args: tuple[str,
     assert (done.returncode, done.stdout) == (code, ""), done.stderr
     assert says in done.stderr and done.stderr.count("\n") == 1, done.stderr
     assert not any(c[0] == "import" for c in (_commands(log) if log.exists() else []))
+
+
+# ---- progress on a terminal (issue 15): the long steps as stages, in order, each with its result ----
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _stages(text: str) -> list[tuple[str, str, str]]:
+    """(stage, started|done|stopped, result) for each line of a Progress named "p"; heartbeats dropped."""
+    out = []
+    for line in text.splitlines():
+        m = re.fullmatch(r"p: (.+?): (?:(started)|(done|stopped) (?:in|after) \d+\.\ds(?: \((.*)\))?)", line)
+        assert m or line.endswith(" so far"), line
+        if m:
+            out.append((m[1], m[2] or m[3], m[4] or ""))
+    return out
+
+
+def _progress(stream: io.StringIO) -> Progress:
+    return Progress("p", stream=stream, clock=itertools.count(0, 0.5).__next__)
+
+
+def test_on_a_terminal_the_start_the_setup_and_each_leg_are_stages_with_their_result(
+        fake_engine, tmp_path: Path) -> None:
+    engine, _ = fake_engine("refused")
+    loud = _Tty()
+    legs = container.run_container(engine, WitnessOptions(), image="img", timeout=60, say=lambda s: None,
+                                   environ={}, progress=_progress(loud))
+    assert [leg.returncode for leg in legs] == [0, 0]
+    assert _stages(loud.getvalue()) == [
+        ("container start", "started", ""), ("container start", "done", "img, project installed"),
+        ("container cgroup set-up", "started", ""),
+        ("container cgroup set-up", "done", "cgroup witnesses unavailable"),
+        ("container as root", "started", ""), ("container as root", "done", "PASS"),
+        (f"container as {container.IMAGE_USER}", "started", ""),
+        (f"container as {container.IMAGE_USER}", "done", "PASS"),
+    ]
+    # The same run with no Progress given, or one on a pipe, prints none of it.
+    quiet = io.StringIO()
+    container.run_container(engine, WitnessOptions(), image="img", timeout=60, say=lambda s: None,
+                            environ={}, progress=Progress("p", stream=quiet))
+    assert quiet.getvalue() == ""
+
+
+def test_the_image_build_and_a_failed_pull_are_stages_too(offline_engine, tmp_path: Path) -> None:
+    engine, _, _ = offline_engine
+    loud = _Tty()
+    with pytest.raises(container.ContainerError):
+        container.build_image(engine, base=None, say=lambda s: None, progress=_progress(loud))
+    assert _stages(loud.getvalue()) == [("container base image pull", "started", ""),
+                                        ("container base image pull", "done", "failed: exit 1")]
+    script = Path(engine.path)  # the base is on the engine now: no pull, a build
+    script.write_text(script.read_text().replace('if args[:2] == ["image", "inspect"]:',
+                                                 'if args[:2] == ["image", "inspect"] and False:'))
+    loud = _Tty()
+    container.build_image(engine, base="bookworm-local", say=lambda s: None, progress=_progress(loud))
+    assert _stages(loud.getvalue()) == [("container image build", "started", ""),
+                                        ("container image build", "done", container.DEFAULT_TAG)]

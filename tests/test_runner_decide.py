@@ -189,6 +189,19 @@ def test_inside_an_old_bwrap_sandbox_the_refusal_does_not_claim_nesting_is_refus
     assert "nested user namespaces are refused" not in d.reason
 
 
+def test_inside_a_container_under_dockers_seccomp_profile_the_refusal_names_the_filter() -> None:
+    """The shape tests/test_host_shape_lab.py proves (a plain `docker run`): the sandboxed probe's
+    nesting signal fires, but the probe named the cause, seccomp; the refusal says so, and gives
+    the container's own way on beside leaving it."""
+    seccomp = (D, {"cause": "seccomp", "errno": "EPERM"})
+    d = decide(Request(), host(sandboxed=SANDBOXED, userns=seccomp))
+    assert d.refused
+    assert "user namespaces are denied here (seccomp)" in d.reason
+    assert "nested user namespaces are refused" not in d.reason
+    assert d.ways_on[0] == "run sandbox-conformance on the host, outside the sandbox"
+    assert any("seccomp=unconfined" in w for w in d.ways_on[1:]), d.ways_on
+
+
 def test_auto_refusal_names_every_missing_piece() -> None:
     d = decide(Request(), host(userns=D, container_engine=(UNK, {"cli": "docker"})))
     text = "\n".join(d.reasons)

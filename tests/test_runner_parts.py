@@ -28,7 +28,7 @@ def test_witness_options_round_trip_into_the_witness_command() -> None:
     argv = WitnessOptions.from_args(ns).argv()
     assert argv == ["--profile", "p.toml", "--launcher", "my-sbx --task {task_id}", "--junitxml", "j.xml",
                     "--require", "--", "-k", "control", "--maxfail=1"]
-    assert native.witness_argv(WitnessOptions(), python="/py") == ["/py", "-m", "runners.cli", "witness"]
+    assert native.witness_argv(WitnessOptions(), python="/py") == ["/py", "-m", "commands.cli", "witness"]
 
 
 def test_native_mode_drops_an_inherited_cgroup_root_and_keeps_the_rest() -> None:
@@ -70,7 +70,7 @@ def test_the_delegated_rerun_goes_through_systemd_run_with_delegation() -> None:
     assert "Delegate=yes" in argv and "--pipe" in argv and "--wait" in argv
     assert f"--setenv={native.DELEGATED_ENV}=1" in argv
     assert argv[argv.index("--") + 1:] == ["/bin/sh", "-c", native.ENTER_SUPERVISOR.replace("$", "$$"), "sh",
-                                           "/py", "-m", "runners.cli", "run", "--mode", "native"]
+                                           "/py", "-m", "commands.cli", "run", "--mode", "native"]
 
 
 @pytest.mark.parametrize("kind", ["docker", "podman"])

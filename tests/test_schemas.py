@@ -51,7 +51,7 @@ def test_the_task_spec_an_external_launcher_reads_validates(tmp_path: Path, root
 
 def test_the_controls_report_validates(root_only: None) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "runners.cli", "controls", "--only", "ipc_shared", "--json"],
+        [sys.executable, "-m", "commands.cli", "controls", "--only", "ipc_shared", "--json"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -87,7 +87,7 @@ def test_the_mr_check_report_validates(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "runners.cli",
+            "commands.cli",
             "mr-check",
             "-C",
             str(repo),
@@ -112,7 +112,7 @@ def _run(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple
     """`sandbox-conformance run --verdict-json FILE ARGS`: (exit, the document, stderr)."""
     doc = tmp_path / "verdict.json"
     done = subprocess.run(
-        [sys.executable, "-m", "runners.cli", "run", "--verdict-json", str(doc), *args],
+        [sys.executable, "-m", "commands.cli", "run", "--verdict-json", str(doc), *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -3,6 +3,7 @@ mode promises (integration: one VM for all of it, since this host only offers TC
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import lzma
@@ -13,16 +14,21 @@ import shutil
 import stat
 import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from probes import owner
 from probes.run import Completed
-from runners import vm, vm_image, vm_mode, vm_suite
-from runners.vm import Accel, VmError, VmResult, check_workdir, kernel_cmdline, qemu_argv, run_in_vm
-from runners.vm_image import (
+from runners.progress import Progress, result_word
+from runners.vm import image as vm_image
+from runners.vm import mode as vm_mode
+from runners.vm import qemu as vm
+from runners.vm import suite as vm_suite
+from runners.vm.image import (
     ImageError,
     VmImage,
     elf_has_interpreter,
@@ -33,6 +39,7 @@ from runners.vm_image import (
     newc_archive,
     parse_meta_depends,
 )
+from runners.vm.qemu import Accel, VmError, VmResult, check_workdir, kernel_cmdline, qemu_argv, run_in_vm
 from runners.witness_args import WitnessOptions
 
 # The VM tier's oracle: run inside the guest under `python3 -I -S`, it reports what it saw as JSON.
@@ -191,9 +198,9 @@ def test_the_host_root_is_shared_read_only_and_only_the_workdir_read_write(tmp_p
 class FakeGuest:
     """Stands in for qemu: plays the guest's side of the exchange in workdir/.sbxc-vm."""
 
-    def __init__(self, exit_code=None, stdout="", stderr="", timed_out=False, stage2_log=""):
+    def __init__(self, exit_code=None, stdout="", stderr="", timed_out=False, stage2_log="", events=""):
         self.exit_code, self.stdout, self.stderr = exit_code, stdout, stderr
-        self.timed_out, self.stage2_log = timed_out, stage2_log
+        self.timed_out, self.stage2_log, self.events = timed_out, stage2_log, events
         self.calls: list[tuple[list[str], float]] = []
         self.request = None
 
@@ -206,6 +213,8 @@ class FakeGuest:
         (control / "stdout").write_text(self.stdout)
         (control / "stderr").write_text(self.stderr)
         (control / "boot_seconds").write_text("3.5\n")
+        if self.events:
+            (control / "progress").write_text(self.events)
         if self.stage2_log:
             (control / "stage2.log").write_text(self.stage2_log)
         if self.exit_code is not None:
@@ -435,7 +444,7 @@ def test_inputs_are_copied_into_the_share_and_reports_come_back_per_leg(tmp_path
     assert reports == {str(work / "out-report-{label}.json"): str(tmp_path / "out" / "r-{label}.json")}
     argv = vm_mode.guest_argv(opts, leg_specs=["root", "u:u"], summary=work / "s.json", timeout=60,
                               python="/venv/bin/python")
-    assert argv[:3] == ["/venv/bin/python", "-m", "runners.vm_suite"]
+    assert argv[:3] == ["/venv/bin/python", "-m", "runners.vm.suite"]
     assert argv[argv.index("--") + 1:] == opts.argv()
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--leg"] == ["root", "u:u"]
     assert "--controls" not in argv
@@ -477,20 +486,56 @@ def _junit_outcomes(path: Path) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def vm_suite_run(tmp_path_factory, test_user):
     """ONE boot for `run --mode vm`: the witness suite as root and as the unprivileged user with the
-    require switch, then the cgroup negative controls, in the same guest (runners/vm_suite.py)."""
+    require switch, then the cgroup negative controls, in the same guest (runners/vm/suite.py)."""
     _image_or_skip()
     out = tmp_path_factory.mktemp("vm-suite")
-    before = set(Path("/var/tmp").glob("sbxc-vm.*"))
+    # Only this process's workdirs (named with its stamp, probes/owner.py): another run on the machine
+    # makes and removes its own meanwhile.
+    ours = f"sbxc-vm.{owner.stamp()}*"
+    before = set(Path("/var/tmp").glob(ours))
     said: list[str] = []
     started = time.monotonic()
+    # Progress on a real pseudo-terminal (its own isatty() turns it on), drained as it is written.
+    tty = _PtyStream()
     code = vm_mode.run_vm(WitnessOptions(json=str(out / "report.json"), junitxml=str(out / "junit.xml")),
                           timeout=600, say=said.append, environ={"SANDBOX_CONFORMANCE_REQUIRE": "1"},
                           controls=("limits_dropped", "leaf_not_entered", "cgroup_tree_bound"),
-                          controls_json=str(out / "controls.json"))
+                          controls_json=str(out / "controls.json"), progress=Progress("p", stream=tty.stream))
+    progress = tty.close()
     wall = time.monotonic() - started
-    print(f"\nVM suite + controls: exit {code}, wall {wall:.1f}s: {said}")
-    leftover = set(Path("/var/tmp").glob("sbxc-vm.*")) - before
-    return {"code": code, "said": said, "out": out, "leftover": leftover, "user": test_user}
+    print(f"\nVM suite + controls: exit {code}, wall {wall:.1f}s: {said}\n{progress}")
+    leftover = set(Path("/var/tmp").glob(ours)) - before
+    return {"code": code, "said": said, "out": out, "leftover": leftover, "user": test_user,
+            "progress": progress}
+
+
+class _PtyStream:
+    """A text stream on a pseudo-terminal's slave; a thread reads the master until close()."""
+
+    def __init__(self):
+        import pty
+
+        self.master, slave = pty.openpty()
+        self.stream = os.fdopen(slave, "w")
+        self.chunks: list[bytes] = []
+        self.thread = threading.Thread(target=self._drain, daemon=True)
+        self.thread.start()
+
+    def _drain(self):
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:  # EIO once the slave is closed (pty(7))
+                return
+            if not data:
+                return
+            self.chunks.append(data)
+
+    def close(self) -> str:
+        self.stream.close()
+        self.thread.join(timeout=10)
+        os.close(self.master)
+        return b"".join(self.chunks).decode(errors="replace").replace("\r\n", "\n")
 
 
 @pytest.mark.integration
@@ -549,6 +594,31 @@ class TestRunModeVm:
     def test_the_shared_workdir_is_gone(self, vm_suite_run):
         assert vm_suite_run["leftover"] == set()
 
+    def test_on_a_terminal_the_boot_and_each_leg_are_stages_with_their_verdict(self, vm_suite_run):
+        """Issue 15, from a real boot: the boot ends when stage 2 wrote boot_seconds (the guest's
+        uptime in its result), then each step the guest's suite announced, in order, each ended."""
+        stages = _stages(vm_suite_run["progress"])
+        user = vm_suite_run["user"]
+        controls = "vm controls"
+        assert [(name, what) for name, what, _ in stages] == [
+            ("vm boot", "started"), ("vm boot", "done"),
+            ("vm cgroup set-up", "started"), ("vm cgroup set-up", "done"),
+            ("vm as root", "started"), ("vm as root", "done"),
+            (f"vm as {user}", "started"), (f"vm as {user}", "done"),
+            (controls, "started"), (controls, "done")], vm_suite_run["progress"]
+        results = {name: result for name, what, result in stages if what == "done"}
+        assert re.fullmatch(r"(tcg|kvm), guest up \d+\.\ds", results["vm boot"]), results
+        assert results["vm cgroup set-up"] == "root /sys/fs/cgroup/tasks", results
+        # Each step's word is its exit as the run's summary read it from the guest (summary.json), not
+        # a pass assumed: whether the suite passed is the other tests' business.
+        exits = {}
+        for line in vm_suite_run["said"]:
+            if m := re.match(r"vm: (as \S+|controls)(?: \S+)?: exit (-?\d+|None) \(", line):
+                exits["vm " + m[1]] = None if m[2] == "None" else int(m[2])
+        assert set(exits) == {"vm as root", f"vm as {user}", controls}, vm_suite_run["said"]
+        assert {step: results[step] for step in exits} == {s: result_word(c) for s, c in exits.items()}, \
+            (results, vm_suite_run["said"])
+
 
 def test_a_guest_that_hangs_before_stage2_is_killed_and_booted_once_more(tmp_path, fake_image, monkeypatch):
     """A qemu that never gets the guest to stage2 (no boot_seconds) is killed by the boot watchdog
@@ -566,9 +636,14 @@ def test_a_guest_that_hangs_before_stage2_is_killed_and_booted_once_more(tmp_pat
     work = tmp_path / "work"
     work.mkdir()
     t0 = time.monotonic()
-    r = run_in_vm(["true"], workdir=work, timeout=120, image=fake_image, accel=Accel.tcg)
+    loud = _Tty()
+    r = run_in_vm(["true"], workdir=work, timeout=120, image=fake_image, accel=Accel.tcg,
+                  progress=Progress("p", stream=loud))
     assert time.monotonic() - t0 < 30, "the watchdog did not cut the hung boot short"
     assert r.exit_code is None and "did not start the command" in r.error and "2 times" in r.error, r.error
+    assert _stages(loud.getvalue()) == [
+        ("vm boot", "started", ""), ("vm boot", "stopped", "no stage 2 within 1s"),
+        ("vm boot (attempt 2)", "started", ""), ("vm boot (attempt 2)", "stopped", "no stage 2 within 1s")]
     assert starts.read_text().split() == ["started", "started"]
     assert not vm._qemu_pids(f"sbxc_work={work}")
 
@@ -587,7 +662,7 @@ def test_under_tcg_the_guest_suite_gets_a_launch_timeout_sized_for_emulation():
     assert head[head.index("--launch-timeout") + 1] == "120.0"
     # The guest driver puts it on the witness command, before any `-- PYTEST ARGS`.
     leg = vm_suite.witness_argv("root", "u", opts.argv(), launch_timeout=120.0, python="/py")
-    assert leg[:4] == ["/py", "-m", "runners.cli", "witness"]
+    assert leg[:4] == ["/py", "-m", "commands.cli", "witness"]
     assert leg[leg.index("--timeout") + 1] == "120.0" and leg.index("--timeout") < leg.index("--")
     assert leg[leg.index("--") + 1:] == ["-k", "cgroup"]
     assert "--timeout" not in vm_suite.witness_argv("root", None, [], launch_timeout=None)
@@ -602,6 +677,7 @@ def test_run_vm_hands_the_guest_the_launch_timeout_of_the_accelerator_it_boots(t
 
     image = VmImage("6.1.0-57-amd64", tmp_path / "k", tmp_path / "i", tmp_path)
     monkeypatch.setattr(vm_image, "ensure_image", lambda: image)
+    monkeypatch.setattr(vm_mode, "cached_image", lambda: None)  # not the host's cache: the image above
     monkeypatch.setattr(vm, "select_accel", lambda image: Accel.tcg)
     monkeypatch.setattr(vm, "run_in_vm", fake_run_in_vm)
     code = vm_mode.run_vm(WitnessOptions(), timeout=600, say=lambda s: None, environ={})
@@ -683,3 +759,124 @@ def test_a_stale_initramfs_is_rebuilt_from_the_cached_kernel_without_a_download(
     doc = json.loads((d / "manifest.json").read_text())
     (d / "manifest.json").write_text(json.dumps({**doc, "wanted": ["9p"]}))
     assert vm_image.refresh_initramfs(d, busybox=busybox) is None
+
+
+# ---------------------------------------------------------------- progress on a terminal (issue 15)
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def _stages(text):
+    """(stage, started|done|stopped, result) for each line of a Progress named "p"; heartbeats dropped."""
+    out = []
+    for line in text.replace("\r\n", "\n").splitlines():
+        m = re.fullmatch(r"p: (.+?): (?:(started)|(done|stopped) (?:in|after) \d+\.\ds(?: \((.*)\))?)", line)
+        assert m or line.endswith(" so far"), line
+        if m:
+            out.append((m[1], m[2] or m[3], m[4] or ""))
+    return out
+
+
+def _events(*events):
+    return "".join(json.dumps(e) + "\n" for e in events)
+
+
+GUEST_EVENTS = _events({"begin": "vm cgroup set-up"}, {"end": "vm cgroup set-up", "result": "root /x"},
+                       {"begin": "vm as root"}, {"end": "vm as root", "result": "PASS"},
+                       {"begin": "vm as sbxc-test"}, {"end": "vm as sbxc-test", "result": "FAIL"})
+GUEST_STAGES = [("vm boot", "started", ""), ("vm boot", "done", "tcg, guest up 3.5s"),
+                ("vm cgroup set-up", "started", ""), ("vm cgroup set-up", "done", "root /x"),
+                ("vm as root", "started", ""), ("vm as root", "done", "PASS"),
+                ("vm as sbxc-test", "started", ""), ("vm as sbxc-test", "done", "FAIL")]
+
+
+def test_the_boot_and_what_the_guest_announces_are_stages_in_order(tmp_path, fake_image):
+    work = tmp_path / "work"
+    work.mkdir()
+    loud = _Tty()
+    progress = Progress("p", stream=loud, clock=iter(range(1000)).__next__)
+    r = run_in_vm(["true"], workdir=work, timeout=30, image=fake_image, accel=Accel.tcg, progress=progress,
+                  runner=FakeGuest(exit_code=1, events=GUEST_EVENTS))
+    assert r.exit_code == 1
+    assert _stages(loud.getvalue()) == GUEST_STAGES
+    # A leg the guest began and never ended (killed at its timeout) says so when the VM is gone.
+    loud = _Tty()
+    run_in_vm(["true"], workdir=work, timeout=30, image=fake_image, accel=Accel.tcg,
+              progress=Progress("p", stream=loud),
+              runner=FakeGuest(timed_out=True, events=_events({"begin": "vm as root"})))
+    assert _stages(loud.getvalue())[-2:] == [("vm as root", "started", ""),
+                                             ("vm as root", "stopped", "the VM ended")]
+
+
+def test_the_stages_reach_a_real_terminal_and_never_a_pipe(tmp_path, fake_image):
+    """The same fake run with stderr on a pseudo-terminal, then on a pipe: the gate is the stream's own
+    isatty(), nothing we tell it."""
+    import pty
+
+    work = tmp_path / "work"
+    work.mkdir()
+    got = {}
+    for kind in ("pty", "pipe"):
+        r, w = pty.openpty() if kind == "pty" else os.pipe()
+        with os.fdopen(w, "w") as stream:
+            run_in_vm(["true"], workdir=work, timeout=30, image=fake_image, accel=Accel.tcg,
+                      progress=Progress("p", stream=stream),
+                      runner=FakeGuest(exit_code=0, events=GUEST_EVENTS))
+        os.set_blocking(r, False)
+        chunks = []
+        with contextlib.suppress(BlockingIOError, OSError):
+            while data := os.read(r, 65536):
+                chunks.append(data)
+        os.close(r)
+        got[kind] = b"".join(chunks).decode()
+    assert _stages(got["pty"]) == GUEST_STAGES
+    assert got["pipe"] == ""
+
+
+def test_the_guest_suites_events_read_back_as_stages_even_split_mid_line(tmp_path):
+    path = tmp_path / "progress"
+    events = vm_suite.Events({vm_suite.PROGRESS_ENV: str(path)})
+    events.begin("vm as root")
+    events.end("vm as root", "PASS")
+    data = path.read_bytes()
+    assert [json.loads(ln) for ln in data.splitlines()] == [{"begin": "vm as root"},
+                                                             {"end": "vm as root", "result": "PASS"}]
+    loud = _Tty()
+    host = vm._Events(Progress("p", stream=loud))
+    booted = []
+    host.booted = lambda: booted.append(1)
+    for i in range(len(data)):  # a byte at a time: only whole lines count
+        host.feed(data[i:i + 1])
+    assert _stages(loud.getvalue()) == [("vm as root", "started", ""), ("vm as root", "done", "PASS")]
+    assert booted, "an event from the command did not end the boot stage first"
+    vm_suite.Events({}).begin("vm as root")  # outside the VM: no file, no error
+
+
+def test_the_image_build_is_a_stage_only_when_the_image_is_not_cached(tmp_path, monkeypatch):
+    image = VmImage("6.1.0-57-amd64", tmp_path / "k", tmp_path / "i", tmp_path)
+    monkeypatch.setattr(vm_image, "ensure_image", lambda: image)
+    for cached, want in ((image, []), (None, [("vm image build", "started", ""),
+                                              ("vm image build", "done", "6.1.0-57-amd64")])):
+        monkeypatch.setattr(vm_mode, "cached_image", lambda cached=cached: cached)
+        loud = _Tty()
+        assert vm_mode.prepare_image(Progress("p", stream=loud)) is image
+        assert _stages(loud.getvalue()) == want
+
+
+def test_the_guests_output_is_copied_in_whole_lines_so_progress_never_splits_one(tmp_path):
+    control = tmp_path
+    out, err = _Tty(), _Tty()
+    follow = vm._Follow(control, (out, err))
+    try:
+        with open(control / "stderr", "ab") as f:
+            f.write(b"pid: ke")
+            f.flush()
+            time.sleep(0.8)  # two polls: the half line must wait
+            assert err.getvalue() == ""
+            f.write(b"pt\nlast, no newline")
+    finally:
+        follow.stop()
+    assert err.getvalue() == "pid: kept\nlast, no newline" and out.getvalue() == ""

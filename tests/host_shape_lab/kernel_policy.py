@@ -1,4 +1,4 @@
-"""Inside one VM guest (root, PID 1 is runners/vm_stage2.py): kernel-policy host shapes, each with
+"""Inside one VM guest (root, PID 1 is runners/vm/stage2.py): kernel-policy host shapes, each with
 the real CLI. Prints one JSON document; tests/test_host_shape_lab.py asserts.
 
     python3 -I -S kernel_policy.py --cli REPO/.venv/bin/sandbox-conformance --repo REPO --user sbxc-test

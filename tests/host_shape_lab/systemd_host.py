@@ -1,4 +1,4 @@
-"""Inside one VM guest booted with systemd as PID 1 (runners/vm.py SystemdGuest): the host shape most
+"""Inside one VM guest booted with systemd as PID 1 (runners/vm/qemu.py SystemdGuest): the host shape most
 users have. Runs as root in the guest's command unit; prints one JSON document that
 tests/test_host_shape_lab.py asserts.
 

@@ -124,7 +124,7 @@ reports:
 
 
 STATUS = {0: "passed", 1: "failed", 75: "refused", 2: "error"}
-# runners/run_cmd.py: every run ends with this line on stderr, whatever path it left by.
+# commands/run.py: every run ends with this line on stderr, whatever path it left by.
 # The word is PASS, FAIL, REFUSED, ERROR, or KILLED-SIGTERM (and -SIGINT, -SIGHUP) for a cancelled run.
 VERDICT = re.compile(
     r"^sandbox-conformance: (?P<word>[A-Z]+(?:-[A-Z]+)?) mode=(?P<mode>\S+) exit=(?P<exit>\d+)"
@@ -133,7 +133,7 @@ VERDICT = re.compile(
 # own `sandbox-conformance witness: refused: ...`, then `  way on: ...` lines.
 REFUSED = re.compile(r"^sandbox-conformance(?: [a-z-]+)?: refused: (?P<reason>.+)$")
 WAY_ON = re.compile(r"^(?:sandbox-conformance run: )?\s*way on: (?P<way>.+)$")
-# A run that starts and ends a container build gets 1800 s for the build (runners/run_cmd.py), two
+# A run that starts and ends a container build gets 1800 s for the build (commands/run.py), two
 # legs of `timeout` each, and set-up: the whole run is given that much before its group is killed.
 BUILD_SECONDS = 1800
 SETUP_SECONDS = 600
@@ -175,7 +175,7 @@ def summarise(done, limit):
     refused = [REFUSED.match(line).group("reason") for line in lines if REFUSED.match(line)]
     ways_on = [WAY_ON.match(line).group("way") for line in lines if WAY_ON.match(line)]
     if done.timed_out:
-        # As runners/run_cmd.py reads its witness child: a timeout or a crash is red, never a pass.
+        # As commands/run.py reads its witness child: a timeout or a crash is red, never a pass.
         status, reason = "failed", f"the run did not finish in {limit:g}s and was killed"
     elif done.returncode not in STATUS:
         status, reason = "failed", f"the run exited {done.returncode}: {done.stderr_tail(2)}"

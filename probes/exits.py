@@ -1,4 +1,4 @@
-"""Exit codes, and the two exceptions CLI code raises for bad input and refusals: runners/cli.py
+"""Exit codes, and the two exceptions CLI code raises for bad input and refusals: commands/cli.py
 turns them into exit 2 and 75 with one line (and the ways on), so no subcommand prints a traceback."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ EXIT_OK = 0
 EXIT_FAIL = 1  # the suite (or a tier) ran and went red, or gave no verdict
 EXIT_USAGE = 2  # bad input: one line, nothing ran
 EXIT_UNAVAILABLE = 75  # EX_TEMPFAIL (sysexits.h): nothing was tested here; not a red suite
-EXIT_DID_NOT_RUN = EXIT_UNAVAILABLE  # the older name, still imported by modules other than runners'
 # Stopped by a signal (docs/cancellation.md): the shell's 128 + N, which probes/cancel.py exits with.
 EXIT_SIGHUP = 128 + signal.SIGHUP  # 129
 EXIT_SIGINT = 128 + signal.SIGINT  # 130

@@ -1,7 +1,11 @@
-"""`run --mode vm`, host side: boot the VM once, run runners/vm_suite.py inside, bring the verdict,
+"""`run --mode vm`, host side: boot the VM once, run runners/vm/suite.py inside, bring the verdict,
 the output and the reports back.
 
-    code = run_vm(options, timeout=args.timeout, say=_say)     # from runners/run_cmd.py
+    code = run_vm(options, timeout=args.timeout, say=_say, progress=progress)   # commands/run.py
+
+On a terminal (`progress`), the long steps are stages: the image build when it is not cached, the
+boot, and in the guest the cgroup set-up, each leg with its verdict word, the controls
+(runners/vm/qemu.py follows what runners/vm/suite.py announces).
 
 Exit code: the guest's combined code (0 green, 1 red, 2 bad input, 75 nothing ran); 75 as well when the
 VM itself could not be used (no qemu, no image, the guest never started the command), since nothing
@@ -20,12 +24,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from probes import owner
+from probes.exits import EXIT_FAIL, EXIT_UNAVAILABLE
 from probes.run import minimal_env
-from runners import vm, vm_image
-from runners.errors import EXIT_DID_NOT_RUN, EXIT_FAIL
+from runners.progress import HEARTBEAT, Progress
+from runners.vm import image as vm_image
+from runners.vm import qemu as vm
 from runners.witness_args import WitnessOptions
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TEST_USER = "sbxc-test"
 # Variables the guest's suite needs from ours; the cgroup root is the guest's own (cgroup_setup).
 FORWARD_ENV_PREFIX = "SANDBOX_CONFORMANCE_"
@@ -85,7 +91,7 @@ def inside_options(options: WitnessOptions, workdir: Path) -> tuple[WitnessOptio
 def guest_argv(opts: WitnessOptions, *, leg_specs: list[str], summary: Path, timeout: float,
                python: str = sys.executable, controls: Sequence[str] = (),
                controls_json: Path | None = None, launch_timeout: float | None = None) -> list[str]:
-    argv = [python, "-m", "runners.vm_suite", "--summary", str(summary), "--timeout", str(timeout)]
+    argv = [python, "-m", "runners.vm.suite", "--summary", str(summary), "--timeout", str(timeout)]
     if launch_timeout is not None:
         argv += ["--launch-timeout", str(launch_timeout)]
     for leg in leg_specs:
@@ -97,17 +103,41 @@ def guest_argv(opts: WitnessOptions, *, leg_specs: list[str], summary: Path, tim
     return [*argv, "--", *opts.argv()]
 
 
+def cached_image() -> vm_image.VmImage | None:
+    """The image ensure_image would return without building, or None when it would build (or fail):
+    its own first step (runners/vm/image.py ensure_image: the kernel package apt names, then
+    load_image of that version's directory), asked first only to know whether a build stage is due."""
+    try:
+        version = vm_image.kernel_version_of(vm_image.resolve_kernel_package())
+        return vm_image.load_image(vm_image.default_cache_root() / version)
+    except vm_image.ImageError:
+        return None
+
+
+def prepare_image(progress: Progress) -> vm_image.VmImage:
+    """The cached image, or one built now in a progress stage: a kernel download, its unpacking and
+    an initramfs, a minute or more with nothing else on the screen. ImageError when it cannot be had."""
+    image = cached_image()
+    if image is not None:
+        return image
+    with progress.stage("vm image build", heartbeat=HEARTBEAT) as st:
+        image = vm_image.ensure_image()
+        st.result = image.kernel_version
+    return image
+
+
 def run_vm(options: WitnessOptions, *, timeout: float, say: Callable[[str], None],
            environ: Mapping[str, str] | None = None, controls: Sequence[str] = (),
-           controls_json: str | None = None) -> int:
-    """`controls`: negative controls run in the same boot after the suite (runners/vm_suite.py), their
+           controls_json: str | None = None, progress: Progress | None = None) -> int:
+    """`controls`: negative controls run in the same boot after the suite (runners/vm/suite.py), their
     JSON copied to `controls_json`; a misbehaving control makes the exit code red."""
     environ = os.environ if environ is None else environ
+    progress = progress or Progress.off()
     try:
-        image = vm_image.ensure_image()
+        image = prepare_image(progress)
     except vm_image.ImageError as e:
         say(f"refused: VM image: {e} (scripts/vm-deps builds it)")
-        return EXIT_DID_NOT_RUN
+        return EXIT_UNAVAILABLE
     leg_specs = legs(options)
     # /var/tmp: on the host's / (never a tmpfs the guest would not see through 9p), and outside /run.
     # The owner's stamp in the name: a run that is SIGKILLed leaves this behind (qemu dies with it),
@@ -127,10 +157,10 @@ def run_vm(options: WitnessOptions, *, timeout: float, say: Callable[[str], None
             runs = len(leg_specs) + (1 if controls else 0)
             result = vm.run_in_vm(argv, workdir=workdir, timeout=timeout * runs, cwd=str(REPO),
                                   env=guest_env(environ), image=image, accel=accel,
-                                  live=(sys.stdout, sys.stderr))
+                                  live=(sys.stdout, sys.stderr), progress=progress)
         except vm.VmError as e:
             say(f"refused: {e}")
-            return EXIT_DID_NOT_RUN
+            return EXIT_UNAVAILABLE
         for spec in leg_specs:
             label = spec.split(":")[0]
             for inside, host in reports.items():
@@ -144,7 +174,7 @@ def run_vm(options: WitnessOptions, *, timeout: float, say: Callable[[str], None
         if result.exit_code is None:
             say(f"vm: {result.error}")
             # The command never started: nothing was tested. It started and then hung: red.
-            return EXIT_DID_NOT_RUN if result.boot_seconds is None else EXIT_FAIL
+            return EXIT_UNAVAILABLE if result.boot_seconds is None else EXIT_FAIL
         try:
             doc = json.loads(summary.read_text())
             for leg in doc.get("legs", []):

@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from runners.errors import EXIT_OK
-from runners.mr_config import Tier
-from runners.mr_git import Change, Changes, Source
-from runners.mr_globs import matches
-from runners.mr_tiers import Outcome, TierResult, display_command
+from mrcheck.config import Tier
+from mrcheck.git import Change, Changes, Source
+from mrcheck.globs import matches
+from mrcheck.tiers import Outcome, TierResult, display_command
+from probes.exits import EXIT_OK
 
 SCHEMA = 1
 TOOL = "sandbox-conformance"

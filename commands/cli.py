@@ -14,17 +14,17 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from probes import cancel
-from runners.errors import EXIT_DID_NOT_RUN, EXIT_USAGE, Refusal, UsageError
+from probes.exits import EXIT_UNAVAILABLE, EXIT_USAGE, Refusal, UsageError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "probe": ("runners.probe_cmd", "find out what this host offers, with evidence"),
-    "witness": ("conformance.cli", "run the witness suite on this host (no mode logic)"),
-    "run": ("runners.run_cmd", "decide native, container or VM mode, run the witness suite there, or refuse"),
-    "controls": ("conformance.controls_cmd", "prove every witness can go red, for the right reason"),
-    "mr-check": ("runners.mr_check", "say which tier covers a change, run it, or hand it over"),
-    "adapters": ("conformance.adapters_cmd", "list the adapters for sandboxes this project did not write"),
-    "fleet-report": ("runners.fleet_report", "many hosts' probe and witness reports as one table"),
+    "probe": ("commands.probe", "find out what this host offers, with evidence"),
+    "witness": ("commands.witness", "run the witness suite on this host (no mode logic)"),
+    "run": ("commands.run", "decide native, container or VM mode, run the witness suite there, or refuse"),
+    "controls": ("commands.controls", "prove every witness can go red, for the right reason"),
+    "mr-check": ("commands.mr_check", "say which tier covers a change, run it, or hand it over"),
+    "adapters": ("commands.adapters", "list the adapters for sandboxes this project did not write"),
+    "fleet-report": ("commands.fleet_report", "many hosts' probe and witness reports as one table"),
 }
 
 
@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"sandbox-conformance {args.command}: refused: {e.reason}", file=sys.stderr)
             for way in e.ways_on:
                 print(f"  way on: {way}", file=sys.stderr)
-            return EXIT_DID_NOT_RUN
+            return EXIT_UNAVAILABLE
     except cancel.Cancelled as e:
         return cancel.finish(e)
     except KeyboardInterrupt:  # ^C before the handlers were installed

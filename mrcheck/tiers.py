@@ -31,19 +31,19 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TypedDict
 
+from mrcheck.config import Tier, TierKind
 from probes import cancel, owner
+from probes.exits import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from probes.finding import Finding
 from probes.run import Completed, Runner, run
 from runners import run_verdict
-from runners.errors import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
-from runners.mr_config import Tier, TierKind
 from runners.run_verdict import RunVerdict
 
 PROG = "sandbox-conformance"
 # The scratch directory a runner tier's verdict document is written to, with the owner's stamp so a
 # SIGKILLed mr-check's is swept by the next run (probes/owner.py SWEPT_PREFIXES).
 SCRATCH_PREFIX = "sbxc-mr-check."
-MODE_ENV = "SANDBOX_CONFORMANCE_MODE"  # runners/run_cmd.py reads the same variable
+MODE_ENV = "SANDBOX_CONFORMANCE_MODE"  # commands/run.py reads the same variable
 TAIL_LINES = 20
 FAILURE_LINES = 30   # promise lines kept for a red tier; the rest are counted
 LINE_CHARS = 400     # a BROKEN line quotes what the task saw, which can be long
@@ -173,7 +173,7 @@ def runner_env(verdict_file: Path | None = None) -> dict[str, str]:
 def runner_argv(tier: Tier, mode: str | None) -> list[str]:
     # -P: do not put the working directory (the user's repository) first on sys.path, so a
     # top-level `runners` or `probes` package of theirs cannot shadow ours (python(1), 3.11+).
-    return [sys.executable, "-P", "-m", "runners.cli", *runner_args(tier, mode)]
+    return [sys.executable, "-P", "-m", "commands.cli", *runner_args(tier, mode)]
 
 
 _TEST_ID = re.compile(r"^(?:ERROR|FAILED) \S+::\S+")
@@ -189,7 +189,7 @@ def failure_lines(lines: Iterable[str]) -> tuple[str, ...]:
     """The reason a witness run went red, first: each harness error once (with how many promises it
     left untested), then every promise line that says BROKEN, then the witness summary line.
 
-    These are the witness command's own stdout lines (conformance/cli.py); pytest's report around
+    These are the witness command's own stdout lines (commands/witness.py); pytest's report around
     them (ids, warnings) says less and comes last, in the tail."""
     harness: dict[str, int] = {}
     broken: dict[str, None] = {}

@@ -8,22 +8,28 @@ input, 75 nothing could run (no bwrap and no --launcher)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import gc
 import json
 import os
 import sys
-from importlib import metadata
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import conformance
 from conformance import output
 from conformance import settings as settings_mod
 from conformance.launch import LauncherKind
 from conformance.profile import PLACEHOLDERS
 from conformance.settings import Settings
+
+if TYPE_CHECKING:
+    from conformance.harness import WitnessSession
+    from conformance.plan import Task
 from probes import cancel, owner
-from probes.host import Host
-from runners.errors import (
+from probes.exits import (
     EXIT_FAIL,
     EXIT_OK,
     EXIT_USAGE,
@@ -32,8 +38,11 @@ from runners.errors import (
     check_as_user,
     check_writable,
 )
+from probes.host import Host
 
-WITNESS_MODULE = Path(__file__).resolve().parent / "test_witnesses.py"
+# The witness tests ship inside the conformance package (pytest collects them by path).
+WITNESS_MODULE = Path(conformance.__file__).resolve().parent / "test_witnesses.py"
+AUTOLOAD_ENV = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
 PERTURB_ENV = "SANDBOX_CONFORMANCE_PERTURB"  # comma-separated, for the negative controls (issue 6)
 
 
@@ -237,8 +246,21 @@ def _count(outcomes: Any) -> dict[str, int]:
     return out
 
 
-def _plugin_registered() -> bool:
-    return any(ep.value == "conformance.plugin" for ep in metadata.entry_points(group="pytest11"))
+@contextlib.contextmanager
+def _no_autoload() -> Iterator[None]:
+    """PYTEST_DISABLE_PLUGIN_AUTOLOAD for this process's pytest session only: the variable, not
+    pytest 8.4's `--disable-plugin-autoload`, because container mode runs Debian bookworm's pytest
+    7.2. The tasks never see it (their launchers get a minimal environment, probes/run.py); it is
+    restored after the session."""
+    saved = os.environ.get(AUTOLOAD_ENV)
+    os.environ[AUTOLOAD_ENV] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(AUTOLOAD_ENV, None)
+        else:
+            os.environ[AUTOLOAD_ENV] = saved
 
 
 def main(args: argparse.Namespace) -> int:
@@ -260,7 +282,6 @@ def main(args: argparse.Namespace) -> int:
 
 def _main(args: argparse.Namespace, out: output.WitnessOutput) -> int:
     settings = _validate(args)
-    prof = settings.profile
     launcher = settings.launcher if settings.launcher.kind is not LauncherKind.reference else None
     if launcher is None and Host().which("bwrap") is None:
         raise Refusal(
@@ -270,23 +291,51 @@ def _main(args: argparse.Namespace, out: output.WitnessOutput) -> int:
     # What a SIGKILLed run left (probes/owner.py), said here on our stderr: once pytest starts, its
     # output (and the layout's own sweep with it) goes to the log.
     owner.sweep_once()
+    from conformance.harness import WitnessSession, prefetch
+
     if launcher is None and settings.guard is None:
-        from conformance.harness import prefetch
-
         prefetch(args.as_user)
-    import pytest
+    session = WitnessSession(
+        settings.profile,
+        settings.launcher,
+        as_user=settings.as_user,
+        timeout=settings.timeout,
+        perturbations=settings.perturbations,
+        guard=settings.guard,
+        unobservable=settings.host_cannot_observe,
+        harness_leaf=settings.harness_leaf,
+        launcher_env=settings.launcher_env,
+        layout_root=settings.layout_root,
+    )
+    with session:
+        session.start()  # the main task launches while pytest is imported (WitnessSession.start)
+        return _session(args, out, settings, session)
 
-    from conformance import plugin
 
+def _pytest_argv(args: argparse.Namespace) -> list[str]:
+    """pytest's arguments for the witness session: the witness module, the plugins it needs and no
+    others, no ini file of the caller's, per-test timeouts above the per-launch one, then the user's
+    own arguments after `--`."""
     extra = list(args.pytest_args or [])
     if extra[:1] == ["--"]:
         extra = extra[1:]
+    # Only the plugins the suite needs, named (`-p`), with entry-point autoload off (_no_autoload): a
+    # pytest plugin someone installed beside us (a reorderer, a rerunner, one that skips) cannot
+    # change a verdict, and pytest does not read every installed distribution's metadata to find
+    # plugins (bench/witness_bench.py measures the difference).
     argv = [
         str(WITNESS_MODULE),
         "-p",
-        "no:randomly",
+        "pytest_timeout",
+        "-p",
+        "conformance.plugin",
         "-p",
         "no:cacheprovider",
+        # pytest's unraisable-exception plugin runs full gc.collect() passes at the end of the session
+        # (a fifth of a witness run's CPU, sampled with py-spy): a witness judges what the task and the
+        # kernel did, never a Python finaliser's exception.
+        "-p",
+        "no:unraisableexception",
         "-c",
         os.devnull,
         "--rootdir",
@@ -297,18 +346,78 @@ def _main(args: argparse.Namespace, out: output.WitnessOutput) -> int:
         f"timeout={int(args.timeout) + 60}",
         "-rfEs",
     ]
-    if not _plugin_registered():
-        argv += ["-p", "conformance.plugin"]
     if args.junitxml:
         argv += ["--junitxml", str(Path(args.junitxml).resolve())]
     argv += extra
 
+    return argv
+
+
+def _document(args: argparse.Namespace, settings: Settings, code: int, rc: int,
+              lines: list[tuple[str, str, str]], results: list[_Result], skip_problem: str | None,
+              tasks: list[Task], launcher_name: str) -> dict[str, Any]:
+    """The witness report (`--json`; docs/json-documents.md): every promise with its tests, and every
+    task with what it saw and what the host saw of it."""
+    perturbed = sorted(settings.perturbations)
+    kept = sum(1 for _, v, _ in lines if v == "kept")
+    broken = sum(1 for _, v, _ in lines if v == "BROKEN")
+    untested = sum(1 for _, v, _ in lines if v == "not tested")
+    prof = settings.profile
+    return {
+        "version": 1,
+        "exit": code,
+        "profile": prof.name,
+        "profile_source": prof.source,
+        "launcher": launcher_name,
+        "as_user": args.as_user,
+        "perturbations": perturbed,
+        "summary": {"kept": kept, "broken": broken, "not_tested": untested, "pytest_exit": rc},
+        "promises": [
+            {
+                "promise": label,
+                "verdict": v,
+                "detail": d,
+                "tests": [dataclasses.asdict(r) for r in results if r.label == label],
+            }
+            for label, v, d in lines
+        ],
+        "expected_skips_problem": skip_problem,
+        "tasks": [
+            {
+                "launcher": t.launcher,
+                "argv": list(t.argv),
+                "observations": dict(t.doc),
+                # the task's cgroup leaf as the host saw it (None: no leaf)
+                "cgroup": dict(t.cgroup) if t.cgroup is not None else None,
+                # the task's process as the host's kernel showed it (conformance/observer.py)
+                "host_view": t.seen.to_json() if t.seen is not None else None,
+                "host_view_missing": t.unobserved or t.unseen,
+                "left_running": list(t.survivors),
+            }
+            for t in tasks
+        ],
+    }
+
+
+def _session(args: argparse.Namespace, out: output.WitnessOutput, settings: Settings,
+             session: WitnessSession) -> int:
+    prof = settings.profile
+    launcher = settings.launcher if settings.launcher.kind is not LauncherKind.reference else None
+    import pytest
+
+    from conformance import plugin
+
+    argv = _pytest_argv(args)
+
     collector = _Collector()
     # The settings were built and checked above: the plugin takes them as they are (plugin.Preset)
     # instead of parsing `--sbxc-*` options a second time.
-    preset = plugin.Preset(settings)
+    preset = plugin.Preset(settings, session)
     # pytest's report goes to the log, or to stderr under -v: stdout is the promise table.
-    with out.pytest_report():
+    # Everything imported so far lives as long as the process: out of the collector's way, so the
+    # collections pytest's allocations trigger walk only what the session made.
+    gc.freeze()
+    with out.pytest_report(), _no_autoload():
         rc = int(pytest.main(argv, plugins=[collector, preset]))
     # pytest turns a SIGTERM/SIGINT/SIGHUP (a KeyboardInterrupt) into an interrupted session with its
     # fixtures torn down: the run ends cancelled, not as a red suite (probes/cancel.py).
@@ -337,7 +446,7 @@ def _main(args: argparse.Namespace, out: output.WitnessOutput) -> int:
     untested = sum(1 for _, v, _ in lines if v == "not tested")
     launcher_name = launcher.name if launcher else "reference launcher (bwrap)"
     # The summary line, `witness: N kept, N BROKEN, N not tested (...): PASS|FAIL [...]`, is parsed
-    # (runners/mr_tiers.py, tests): its shape stays; only the verdict word is coloured on a terminal.
+    # (mrcheck/tiers.py, tests): its shape stays; only the verdict word is coloured on a terminal.
     head = (
         f"witness: {kept} kept, {broken} BROKEN, {untested} not tested "
         f"(profile {prof.name}, {launcher_name}{', as ' + args.as_user if args.as_user else ''}"
@@ -355,40 +464,7 @@ def _main(args: argparse.Namespace, out: output.WitnessOutput) -> int:
     out.report(lines, problems=problems, head=head, word="PASS" if code == EXIT_OK else "FAIL", tail=tail)
     if args.json:
         tasks = plugin.tasks(config) if config is not None else []
-        doc = {
-            "version": 1,
-            "exit": code,
-            "profile": prof.name,
-            "profile_source": prof.source,
-            "launcher": launcher_name,
-            "as_user": args.as_user,
-            "perturbations": perturbed,
-            "summary": {"kept": kept, "broken": broken, "not_tested": untested, "pytest_exit": rc},
-            "promises": [
-                {
-                    "promise": label,
-                    "verdict": v,
-                    "detail": d,
-                    "tests": [dataclasses.asdict(r) for r in results if r.label == label],
-                }
-                for label, v, d in lines
-            ],
-            "expected_skips_problem": skip_problem,
-            "tasks": [
-                {
-                    "launcher": t.launcher,
-                    "argv": list(t.argv),
-                    "observations": dict(t.doc),
-                    # the task's cgroup leaf as the host saw it (None: no leaf)
-                    "cgroup": dict(t.cgroup) if t.cgroup is not None else None,
-                    # the task's process as the host's kernel showed it (conformance/observer.py)
-                    "host_view": t.seen.to_json() if t.seen is not None else None,
-                    "host_view_missing": t.unobserved or t.unseen,
-                    "left_running": list(t.survivors),
-                }
-                for t in tasks
-            ],
-        }
+        doc = _document(args, settings, code, rc, lines, results, skip_problem, tasks, launcher_name)
         text = json.dumps(doc, indent=2, default=str)
         if args.json == "-":
             print(text)

@@ -2,8 +2,8 @@
 
 Collects the changed paths (committed since the merge-base with --base, default the repository's
 default branch, plus uncommitted and untracked files), matches them against the sandbox-touching
-globs declared in `[tool.sandbox-conformance]` (runners/mr_config.py), and runs every touched tier
-through the runner (runners/mr_tiers.py).
+globs declared in `[tool.sandbox-conformance]` (mrcheck/config.py), and runs every touched tier
+through the runner (mrcheck/tiers.py).
 
 Every command printed is the one that ran or would run: tier commands from the repository root,
 the re-check with every option that changes what is checked (-C, --config, --base, --mode).
@@ -13,7 +13,7 @@ verdict); 2 usage or input error (no configuration, a bad or unknown key, not a 
 base, a shallow clone without the merge-base), one line;
 75 a touched tier could not run here: the handover paragraph names the files, the tier, the exact
 command and why. Never 0 for a sandbox-touching change whose tier did not run. Stopped by SIGTERM,
-SIGINT or SIGHUP: the tier under way is stopped in order (runners/mr_tiers.py), its runner's own
+SIGINT or SIGHUP: the tier under way is stopped in order (mrcheck/tiers.py), its runner's own
 KILLED line is printed, then ours, and the exit is 143, 130 or 129 (docs/cancellation.md).
 """
 
@@ -24,11 +24,11 @@ import os
 import sys
 from pathlib import Path
 
-from runners.errors import UsageError
-from runners.mr_config import ConfigError, dead_globs, load, resolve
-from runners.mr_git import GitError, collect, files_at_head, toplevel
-from runners.mr_report import Format, Invocation, Report, exit_code, plan, render
-from runners.mr_tiers import TierResult, display_command, effective_mode, run_tier
+from mrcheck.config import ConfigError, dead_globs, load, resolve
+from mrcheck.git import GitError, collect, files_at_head, toplevel
+from mrcheck.report import Format, Invocation, Report, exit_code, plan, render
+from mrcheck.tiers import TierResult, display_command, effective_mode, run_tier
+from probes.exits import UsageError
 
 MODES = ("auto", "native", "container", "vm")
 

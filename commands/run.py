@@ -25,22 +25,20 @@ from conformance import output
 from conformance.render import Format, refusal_markdown
 from probes import cancel
 from probes.collect import collect
+from probes.exits import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, UsageError, check_writable
 from probes.finding import Finding
 from probes.host import Host
 from probes.run import run
-from runners import container, native, run_verdict, vm_mode, witness_args
+from runners import container, native, run_verdict, witness_args
 from runners.decide import NEEDED, Decision, Mode, Request, decide
-from runners.errors import EXIT_DID_NOT_RUN, EXIT_FAIL, EXIT_OK, EXIT_USAGE, UsageError, check_writable
-from runners.progress import Progress
+from runners.progress import HEARTBEAT, Progress
+from runners.vm import mode as vm_mode
 
 MODE_ENV = "SANDBOX_CONFORMANCE_MODE"
 PRINT_MODE_ENV = "SANDBOX_CONFORMANCE_PRINT_MODE"
 PROG = "sandbox-conformance run"
 
-# Seconds between "still running" lines of a long stage on a terminal (a VM run is silent for minutes).
-HEARTBEAT = 30.0
-
-VERDICTS = {EXIT_OK: "PASS", EXIT_FAIL: "FAIL", EXIT_DID_NOT_RUN: "REFUSED", EXIT_USAGE: "ERROR"}
+VERDICTS = {EXIT_OK: "PASS", EXIT_FAIL: "FAIL", EXIT_UNAVAILABLE: "REFUSED", EXIT_USAGE: "ERROR"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -164,7 +162,7 @@ class _Verdict:
 
     def done(self, code: int, word: str | None = None) -> int:
         word = word or VERDICTS.get(code, "ERROR")
-        if code == EXIT_DID_NOT_RUN and self.reason is None:
+        if code == EXIT_UNAVAILABLE and self.reason is None:
             # The witness child refused on its own (its stderr is the user's, not ours to read).
             self.reason = "the witness command did not run: its own `refused:` line above says why"
         seconds = time.monotonic() - self.started
@@ -183,7 +181,7 @@ def _witness_code(rc: int | None) -> int:
     if rc is None:
         _say("the witness suite timed out")
         return EXIT_FAIL
-    if rc in (EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_DID_NOT_RUN):
+    if rc in (EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNAVAILABLE):
         return rc
     _say(f"the witness suite exited {rc}")
     return EXIT_FAIL
@@ -214,7 +212,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         return _main(args, verdict)
     except cancel.Cancelled as e:
-        verdict.killed(e)  # the document first: runners/cli.py's cancel.finish prints the line
+        verdict.killed(e)  # the document first: commands/cli.py's cancel.finish prints the line
         raise
 
 
@@ -233,7 +231,7 @@ def _main(args: argparse.Namespace, verdict: _Verdict) -> int:
     decision = decide(request, findings)
     if print_mode:
         print("\n".join(render(decision, request.mode)), flush=True)
-        return EXIT_DID_NOT_RUN if decision.refused else EXIT_OK
+        return EXIT_UNAVAILABLE if decision.refused else EXIT_OK
 
     verdict.notes = tuple(decision.notes)
     if decision.refused:
@@ -247,7 +245,7 @@ def _main(args: argparse.Namespace, verdict: _Verdict) -> int:
         verdict.reason, verdict.because = decision.reason, tuple(decision.reasons[1:])
         verdict.ways_on = tuple(decision.ways_on)
         _markdown_refusal(args, verdict)
-        return verdict.done(EXIT_DID_NOT_RUN)
+        return verdict.done(EXIT_UNAVAILABLE)
 
     assert decision.mode is not None
     verdict.mode = str(decision.mode)
@@ -262,9 +260,10 @@ def _main(args: argparse.Namespace, verdict: _Verdict) -> int:
     log = output.RunLog.choose(verbose=options.verbose, log=options.log)
     if log.path is not None:
         options = dataclasses.replace(options, log=str(log.path))
-    # On a terminal only: the run's start, heartbeat and end (runners/progress.py); each leg's
-    # start and end are said by the modes themselves.
-    stage = Progress(PROG).begin(f"{decision.mode} run", heartbeat=HEARTBEAT)
+    # On a terminal only: the run's start, heartbeat and end (runners/progress.py). The one Progress
+    # goes down to the modes, whose long steps (image build, boot, set-up, each leg) are its stages.
+    progress = Progress(PROG)
+    stage = progress.begin(f"{decision.mode} run", heartbeat=HEARTBEAT)
 
     def ended(code: int) -> int:
         stage.end(VERDICTS.get(code, "ERROR"))
@@ -274,19 +273,19 @@ def _main(args: argparse.Namespace, verdict: _Verdict) -> int:
         return verdict.done(code)
 
     if decision.mode is Mode.vm:
-        return ended(vm_mode.run_vm(options, timeout=args.timeout, say=verdict.say))
+        return ended(vm_mode.run_vm(options, timeout=args.timeout, say=verdict.say, progress=progress))
     if decision.mode is Mode.native:
         if decision.delegate:
             return ended(_run_delegated(args, say=verdict.say))
         return ended(_witness_code(native.run_native(options, timeout=args.timeout,
                                                      findings=findings.values())))
-    return ended(_run_container(args, options, findings.get("container_engine"), verdict))
+    return ended(_run_container(args, options, findings.get("container_engine"), verdict, progress))
 
 
-def _markdown_refusal(args: argparse.Namespace, verdict: _Verdict, code: int = EXIT_DID_NOT_RUN) -> None:
+def _markdown_refusal(args: argparse.Namespace, verdict: _Verdict, code: int = EXIT_UNAVAILABLE) -> None:
     """With --format markdown, the run's own refusal on stdout, to paste into a merge request (the
     lines on stderr stay). A witness run that refused printed its own."""
-    if args.format == Format.markdown and code == EXIT_DID_NOT_RUN and verdict.reason is not None:
+    if args.format == Format.markdown and code == EXIT_UNAVAILABLE and verdict.reason is not None:
         text = refusal_markdown(PROG, verdict.reason, because=verdict.because,
                                 ways_on=verdict.ways_on, notes=verdict.notes)
         print("\n".join(text), flush=True)
@@ -303,7 +302,7 @@ def _run_delegated(args: argparse.Namespace, say: Callable[[str], None] = _say) 
     systemd_run = shutil.which("systemd-run")
     if systemd_run is None:  # the probe found it a moment ago; say so rather than crash
         say("refused: systemd-run disappeared since the probe")
-        return EXIT_DID_NOT_RUN
+        return EXIT_UNAVAILABLE
     argv = native.delegate_argv(_rerun_argv(args), systemd_run=systemd_run)
     _say("re-executing under " + " ".join(argv[:6]))
     # The user manager is found through XDG_RUNTIME_DIR / DBUS_SESSION_BUS_ADDRESS: pass ours on.
@@ -314,14 +313,16 @@ def _run_delegated(args: argparse.Namespace, say: Callable[[str], None] = _say) 
 
 
 def _run_container(args: argparse.Namespace, options: witness_args.WitnessOptions,
-                   engine_finding: Finding | None, verdict: _Verdict) -> int:
+                   engine_finding: Finding | None, verdict: _Verdict,
+                   progress: Progress | None = None) -> int:
     engine = container.Engine.from_facts(engine_finding.facts if engine_finding else {}, os.environ)
     try:
-        image = args.image or container.build_image(engine, base=args.base_image, say=_say)
-        legs = container.run_container(engine, options, image=image, timeout=args.timeout, say=_say)
+        image = args.image or container.build_image(engine, base=args.base_image, say=_say, progress=progress)
+        legs = container.run_container(engine, options, image=image, timeout=args.timeout, say=_say,
+                                       progress=progress)
     except container.ContainerError as e:
         verdict.refused(str(e), e.ways_on)
-        return EXIT_DID_NOT_RUN
+        return EXIT_UNAVAILABLE
     for leg in legs:
         _say(f"container: as {leg.label}: {VERDICTS.get(_witness_code(leg.returncode), 'ERROR')}")
     return container.combine(legs)

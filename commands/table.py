@@ -1,14 +1,14 @@
 """The README's command table, rendered from the argparse parsers themselves: one source for `--help`
-and the front door. `python -m runners.commands_table` prints it; tests/test_readme.py fails when the
+and the front door. `python -m commands.table` prints it; tests/test_readme.py fails when the
 README's copy (between the `commands:begin` and `commands:end` markers) differs."""
 
 from __future__ import annotations
 
 import argparse
 
-from runners.cli import SUBCOMMANDS, build_parser
+from commands.cli import SUBCOMMANDS, build_parser
 
-BEGIN, END = "<!-- commands:begin (python -m runners.commands_table) -->", "<!-- commands:end -->"
+BEGIN, END = "<!-- commands:begin (python -m commands.table) -->", "<!-- commands:end -->"
 
 
 def _flags(parser: argparse.ArgumentParser) -> list[str]:

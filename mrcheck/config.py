@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from runners.mr_globs import GlobError, compile_glob, dead_glob_hint
+from mrcheck.globs import GlobError, compile_glob, dead_glob_hint
 
 TABLE = "tool.sandbox-conformance"
 DEFAULT_TIMEOUT = 1800.0  # seconds: a whole witness run in container mode builds an image first

@@ -8,16 +8,16 @@ v2 subtree, natively or in a container, so the cgroup witnesses could never run 
 
 Shape of a run (one VM per run, never per test: under TCG, fork- and namespace-heavy work is 5x-60x
 slower than native):
-- the image (runners/vm_image.py): Debian's generic kernel + an initramfs of static busybox and the
+- the image (runners/vm/image.py): Debian's generic kernel + an initramfs of static busybox and the
   virtio/9p/overlay/dummy modules, cached outside the repo;
 - the guest's root is the host's `/` exported read-only over virtio-9p (qemu's readonly=on, so even
   guest root cannot write the host), under a tmpfs overlay: python3, bwrap, the venv and /etc/passwd
   (with sbxc-test) are the host's, and the guest can write anywhere without it reaching the host;
 - `workdir` is the one read-write share, mounted at the same path inside, so paths in arguments mean
-  the same on both sides; the exchange lives in workdir/.sbxc-vm/ (runners/vm_stage2.py);
+  the same on both sides; the exchange lives in workdir/.sbxc-vm/ (runners/vm/stage2.py);
 - a fresh cgroup2 mount (nsdelegate) and `cgroup_no_v1=all`: cgroup2 is the only hierarchy;
 - no NIC, so no way out: `lo` is brought up by stage 2 and `dummy0` exists (both so the network
-  witnesses can go red there, see vm_stage2.loopback_up and vm_image.WANTED_MODULES);
+  witnesses can go red there, see stage2.loopback_up and image.WANTED_MODULES);
 - or, with `systemd=SystemdGuest()`, the host's systemd as PID 1 (its own cgroup2 mount, logind,
   user managers) and stage 2 as one of its services: the shape of most users' hosts, for the
   host-shape lab (tests/test_host_shape_lab.py).
@@ -42,18 +42,20 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
 from probes import owner
 from probes.run import Runner, minimal_env, run
-from runners import vm_image
-from runners.vm_image import VmImage
+from runners.progress import HEARTBEAT, Progress, Stage
+from runners.vm import image as vm_image
+from runners.vm.image import VmImage
+from runners.vm.stage2 import BOOT_FILE, PROGRESS_FILE
 
 QEMU = "qemu-system-x86_64"
 CONTROL = ".sbxc-vm"  # the exchange directory inside workdir
-STAGE2 = Path(__file__).with_name("vm_stage2.py")
+STAGE2 = Path(__file__).with_name("stage2.py")
 # qemu start + kernel + initramfs + switch_root: ~4 s under TCG here; the margin covers a loaded host.
 BOOT_BUDGET = 60.0
 BOOT_ATTEMPTS = 2  # a guest that hangs before stage2 gets one more boot
@@ -222,16 +224,19 @@ def run_in_vm(argv: Sequence[str], *, workdir: Path, timeout: float, env: Mappin
               cwd: str | None = None, image: VmImage | None = None, accel: Accel | None = None,
               memory_mb: int = MEMORY_MB, cpus: int = 2, runner: Runner = run,
               live: tuple[IO[str], IO[str]] | None = None, systemd: SystemdGuest | None = None,
-              seed: Mapping[str, str] | None = None) -> VmResult:
+              seed: Mapping[str, str] | None = None, progress: Progress | None = None) -> VmResult:
     """Boot, run argv as root inside (cwd default "/"), power off. `timeout` bounds the command in
     the guest; qemu as a whole gets BOOT_BUDGET more and is killed with its process group after that.
     env: the command's whole environment (default: the minimal allowlist of probes.run).
     live: (out, err) streams that get the command's output as it is written (a long suite under TCG
     must not look hung); the result still carries all of it.
-    systemd: boot systemd as PID 1 (runners/vm.py SystemdGuest) and run the command as a unit of
+    systemd: boot systemd as PID 1 (runners/vm/qemu.py SystemdGuest) and run the command as a unit of
     it, instead of as stage 2's child with stage 2 as PID 1.
     seed: {absolute guest path: text} laid over the guest's root before init starts (the tmpfs
-    upper layer takes them, never the host): config files a test needs in place at boot."""
+    upper layer takes them, never the host): config files a test needs in place at boot.
+    progress: on a terminal, the boot as a stage (from qemu's start until stage 2 writes boot_seconds,
+    just before it starts the command) and each stage the command announces in its progress file
+    (runners/vm/suite.py Events: the set-up, each leg, the controls)."""
     if not argv:
         raise VmError("empty argv")
     if shutil.which(QEMU) is None:
@@ -261,21 +266,36 @@ def run_in_vm(argv: Sequence[str], *, workdir: Path, timeout: float, env: Mappin
             dest.write_text(text)
         console = control / "console.log"
         started = time.monotonic()
-        follower = _Follow(control, live) if live else None
+        progress = progress or Progress.off()
+        events = _Events(progress)
+        follower = _Follow(control, live, events if progress.enabled else None) \
+            if live or progress.enabled else None
         hung: list[float] = []
         try:
             for attempt in range(BOOT_ATTEMPTS):
+                boot = progress.begin("vm boot" + (f" (attempt {attempt + 1})" if attempt else ""),
+                                      heartbeat=HEARTBEAT)
+                events.booted = _boot_ender(boot, control, accel)
                 # A guest that never reaches stage2 is killed after BOOT_BUDGET and booted once more,
                 # instead of spinning until the whole timeout: seen once under TCG on a loaded host,
                 # qemu at 2 cores' worth of CPU with nothing on the console for 11 minutes.
-                watchdog = _BootWatchdog(control, workdir, budget)
+                watchdog = _BootWatchdog(control, workdir, budget, booted=events.booted)
                 try:
                     done = runner(qemu_argv(image, workdir, accel, memory_mb=memory_mb, cpus=cpus,
                                             console=console, as_root=os.geteuid() == 0,
                                             kernel_args=kernel_args),
                                   timeout=timeout + budget, env=minimal_env())
+                except BaseException as e:  # a cancelled run: the stage says it stopped, then on up
+                    boot.end(type(e).__name__, word="stopped after")
+                    raise
                 finally:
                     watchdog.stop()
+                if (control / BOOT_FILE).exists():
+                    events.booted()  # a command quicker than both pollers: its boot ended all the same
+                elif watchdog.fired:
+                    boot.end(f"no stage 2 within {budget:.0f}s", word="stopped after")
+                else:
+                    boot.end("qemu exited before stage 2", word="stopped after")
                 if not watchdog.fired:
                     break
                 hung.append(budget)
@@ -285,6 +305,8 @@ def run_in_vm(argv: Sequence[str], *, workdir: Path, timeout: float, env: Mappin
         finally:
             if follower:
                 follower.stop()
+            # A stage the command began and never ended (killed at its timeout, a cancelled run).
+            events.close("the VM ended")
         wall = time.monotonic() - started
         console_text = _read(console) or ""
         code_text = _read(control / "exit_code")
@@ -321,14 +343,29 @@ def run_in_vm(argv: Sequence[str], *, workdir: Path, timeout: float, env: Mappin
         shutil.rmtree(control, ignore_errors=True)
 
 
+def _boot_ender(boot: Stage, control: Path, accel: Accel) -> Callable[[], None]:
+    """Ends the boot stage, from whichever thread sees stage 2's boot_seconds first (Stage.end is
+    once only), with the guest's own uptime at that moment: kernel + initramfs + switch_root."""
+    def booted() -> None:
+        if boot.ended:
+            return
+        text = (_read(control / BOOT_FILE) or "").strip()
+        up = f", guest up {float(text):.1f}s" if re.fullmatch(r"\d+(\.\d+)?", text) else ""
+        boot.end(f"{accel}{up}")
+    return booted
+
+
 class _BootWatchdog:
     """Kills our qemu when the guest has not written boot_seconds (stage2's first act) within
     BOOT_BUDGET. The runner owns the qemu process, so ours is found by the workdir on its command
-    line (`sbxc_work=` in -append, unique per run) and its whole process group is killed."""
+    line (`sbxc_work=` in -append, unique per run) and its whole process group is killed.
+    `booted` is called once it sees boot_seconds (the end of the boot's progress stage)."""
 
-    def __init__(self, control: Path, workdir: Path, budget: float | None = None) -> None:
+    def __init__(self, control: Path, workdir: Path, budget: float | None = None,
+                 booted: Callable[[], None] = lambda: None) -> None:
         self.fired = False
         self._control, self._marker = control, f"sbxc_work={workdir}"
+        self._booted = booted
         self._budget = BOOT_BUDGET if budget is None else budget
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="vm-boot-watchdog", daemon=True)
@@ -337,7 +374,8 @@ class _BootWatchdog:
     def _watch(self) -> None:
         deadline = time.monotonic() + self._budget
         while not self._stopped.wait(0.5):
-            if (self._control / "boot_seconds").exists():
+            if (self._control / BOOT_FILE).exists():
+                self._booted()
                 return
             if time.monotonic() >= deadline:
                 for pid in _qemu_pids(self._marker):
@@ -367,19 +405,74 @@ def _qemu_pids(marker: str) -> list[int]:
     return out
 
 
-class _Follow:
-    """Copies what the guest appends to stdout/stderr in the share to our streams, every 0.3 s, like
-    `tail -f` (the work share is mounted without caching, so guest writes reach the host file)."""
+class _Events:
+    """The command's progress events (runners/vm/suite.py Events: one JSON object a line,
+    {"begin": NAME} or {"end": NAME, "result": WORD}) as stages of ours. Lines are taken whole only:
+    a line the guest is still writing waits for the next read. Any event, and any output, proves the
+    command started, so the boot stage ends first: the lines read in the order things happened."""
 
-    def __init__(self, control: Path, streams: tuple[IO[str], IO[str]]) -> None:
-        self.files = [(control / "stdout", streams[0]), (control / "stderr", streams[1])]
-        self.offsets = [0, 0]
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.booted: Callable[[], None] = lambda: None
+        self.stages: dict[str, Stage] = {}
+        self._partial = b""
+
+    def feed(self, data: bytes) -> None:
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # not ours to judge: a progress line lost, never the run
+            if not isinstance(event, dict):
+                continue
+            self.booted()
+            if isinstance(event.get("begin"), str):
+                self.stages[event["begin"]] = self.progress.begin(event["begin"], heartbeat=HEARTBEAT)
+            elif isinstance(event.get("end"), str) and event["end"] in self.stages:
+                self.stages.pop(event["end"]).end(str(event.get("result", "")))
+
+    def close(self, why: str) -> None:
+        for stage in self.stages.values():
+            stage.end(why, word="stopped after")
+        self.stages.clear()
+
+
+class _Follow:
+    """Copies what the guest appends to stdout/stderr in the share to our streams, and its progress
+    events to `events`, every 0.3 s, like `tail -f` (the work share is mounted without caching, so
+    guest writes reach the host file)."""
+
+    def __init__(self, control: Path, streams: tuple[IO[str], IO[str]] | None,
+                 events: _Events | None = None) -> None:
+        self.control, self.events = control, events
+        self.files: list[tuple[Path, Callable[[bytes], None]]] = []
+        self.partial: dict[int, bytes] = {}
+        self.streams = list(streams or ())
+        for i, (name, stream) in enumerate(zip(("stdout", "stderr"), self.streams, strict=False)):
+            self.files.append((control / name, self._writer(i, stream)))
+        if events is not None:
+            self.files.append((control / PROGRESS_FILE, events.feed))
+        self.offsets = [0] * len(self.files)
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="vm-follow", daemon=True)
         self.thread.start()
 
+    def _writer(self, i: int, stream: IO[str]) -> Callable[[bytes], None]:
+        # Whole lines only, the rest kept for the next read: a progress line written to the same
+        # terminal between two reads then never lands inside a line of the guest's output.
+        def write(data: bytes) -> None:
+            whole, nl, rest = (self.partial.get(i, b"") + data).rpartition(b"\n")
+            self.partial[i] = rest
+            if nl:
+                stream.write((whole + nl).decode(errors="replace"))
+                stream.flush()
+        return write
+
     def _pump(self) -> None:
-        for i, (path, stream) in enumerate(self.files):
+        if self.events is not None and (self.control / BOOT_FILE).exists():
+            self.events.booted()  # before the command's first output is copied
+        for i, (path, sink) in enumerate(self.files):
             try:
                 with open(path, "rb") as f:
                     f.seek(self.offsets[i])
@@ -388,8 +481,7 @@ class _Follow:
                 continue
             if data:
                 self.offsets[i] += len(data)
-                stream.write(data.decode(errors="replace"))
-                stream.flush()
+                sink(data)
 
     def _loop(self) -> None:
         while not self.done.wait(0.3):
@@ -399,6 +491,10 @@ class _Follow:
         self.done.set()
         self.thread.join()
         self._pump()
+        for i, stream in enumerate(self.streams):  # a last line without its newline
+            if self.partial.get(i):
+                stream.write(self.partial.pop(i).decode(errors="replace"))
+                stream.flush()
 
 
 _accel_cache: dict[str, Accel] = {}

@@ -1,8 +1,8 @@
 """Inside the VM: the cgroup set-up step, then the witness suite once per leg; one exit code for all.
 
-    python -m runners.vm_suite --leg root --leg sbxc-test:sbxc-test --summary FILE -- WITNESS ARGS...
+    python -m runners.vm.suite --leg root --leg sbxc-test:sbxc-test --summary FILE -- WITNESS ARGS...
 
-Run by runners/vm_mode.py as the guest's command (root, cwd = the checkout, which the guest sees at
+Run by runners/vm/mode.py as the guest's command (root, cwd = the checkout, which the guest sees at
 the same path through its 9p view of the host's /). A leg is LABEL or LABEL:USER; a leg with a user
 passes `--as-user USER` to the witness command (the launcher stays root, the tasks run as the user),
 the VM's counterpart of container mode's second leg. Legs run one after another in the same boot:
@@ -14,6 +14,10 @@ under TCG a boot is cheap, the suite is not, and both must see the same kernel.
 (as root, with the proven cgroup root promised): negative controls that need what only this kernel
 offers (limits_dropped needs a delegated cgroup root) are judged here, without a second boot. Its
 JSON goes to `--controls-json`; a control that misbehaves makes the combined exit code red.
+
+Each step (the set-up, each leg, the controls) is also announced as a progress event when stage 2 gave
+us a file for them ($SANDBOX_CONFORMANCE_VM_PROGRESS): the host follows it and shows the steps as
+stages on its terminal (runners/vm/qemu.py _Events).
 """
 
 from __future__ import annotations
@@ -23,10 +27,45 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from probes.cgroupfs import PROMISE_ENV
 from probes.run import run
-from runners.cgroup_setup import ENV_ROOT, Mode, Setup, SetupError
+from runners.cgroup_setup import Mode, Setup, SetupError
+from runners.progress import result_word
+from runners.vm.stage2 import PROGRESS_ENV
+
+# `controls --timeout`'s own default (commands/controls.py RUN_TIMEOUT): one perturbed witness run.
+CONTROLS_RUN_TIMEOUT = 120.0
+
+
+class Events:
+    """Progress events for the host, one JSON object a line: {"begin": NAME} and {"end": NAME,
+    "result": WORD}, each appended with one write() to a file in the control directory. That is on
+    the work share, which /init mounts with 9p's default cache=none (runners/vm/image.py INIT_SCRIPT;
+    the kernel's Documentation/filesystems/9p.rst): a write goes to qemu, and so to the host file, as
+    it is made, which is what the host already relies on to follow stdout and stderr live
+    (runners/vm/qemu.py _Follow, which polls this file too). A file rather than a marker per event:
+    one reader, one offset, the order kept. Without the variable (run outside the VM) they go
+    nowhere. A failed write loses a progress line, never the run."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.path = environ.get(PROGRESS_ENV) or None
+
+    def _write(self, event: dict[str, str]) -> None:
+        if self.path is None:
+            return
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(event) + "\n")
+        except OSError as e:
+            print(f"sandbox-conformance vm: progress event not written: {e}", file=sys.stderr, flush=True)
+
+    def begin(self, name: str) -> None:
+        self._write({"begin": name})
+
+    def end(self, name: str, result: str) -> None:
+        self._write({"end": name, "result": result})
 
 
 def combine(codes: Sequence[int | None]) -> int:
@@ -48,19 +87,19 @@ def witness_argv(label: str, user: str | None, witness: Sequence[str], *,
                  launch_timeout: float | None, python: str = sys.executable) -> list[str]:
     """One leg's witness command. The launch timeout goes before the witness arguments, which may end
     with `-- PYTEST ARGS`."""
-    return [python, "-m", "runners.cli", "witness",
+    return [python, "-m", "commands.cli", "witness",
             *(["--timeout", str(launch_timeout)] if launch_timeout is not None else []),
             *(["--as-user", user] if user else []),
             *(a.replace("{label}", label) for a in witness)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runners.vm_suite")
+    parser = argparse.ArgumentParser(prog="python -m runners.vm.suite")
     parser.add_argument("--leg", action="append", required=True, type=parse_leg)
     parser.add_argument("--summary", required=True, help="JSON file for the per-leg results")
     parser.add_argument("--timeout", type=float, default=3600.0, help="per leg")
     parser.add_argument("--launch-timeout", type=float, default=None, metavar="SECONDS",
-                        help="per task launch, passed to the witness command (runners/vm_mode.py sizes it "
+                        help="per task launch, passed to the witness command (runners/vm/mode.py sizes it "
                         "for the accelerator)")
     parser.add_argument("--controls", metavar="NAME,...", help="negative controls to run after the legs")
     parser.add_argument("--controls-json", metavar="FILE", help="where the controls' JSON goes")
@@ -72,41 +111,56 @@ def main(argv: Sequence[str] | None = None) -> int:
     legs: list[dict[str, object]] = []
     summary: dict[str, object] = {"kernel": os.uname().release, "legs": legs}
     env = dict(os.environ)
-    env.pop(ENV_ROOT, None)  # only a root this step proved is promised to the suite
+    env.pop(PROMISE_ENV, None)  # only a root this step proved is promised to the suite
+    events = Events(env)
+    env.pop(PROGRESS_ENV, None)  # ours alone: the witness commands write no events
+    events.begin("vm cgroup set-up")
     try:
         result = Setup(Mode.vm).run()
-        env[ENV_ROOT] = str(result.root)
+        env[PROMISE_ENV] = str(result.root)
         summary["cgroup_root"] = str(result.root)
+        events.end("vm cgroup set-up", f"root {result.root}")
         print(f"sandbox-conformance vm: cgroup root {result.root} (moved {len(result.moved)} processes "
               f"into supervisor/)", file=sys.stderr, flush=True)
     except SetupError as e:
         # The rest of the suite still runs; the cgroup witnesses skip with the probe's reason (and
         # fail under the require switch).
         summary["cgroup_error"] = str(e)
+        events.end("vm cgroup set-up", "cgroup witnesses unavailable")
         print(f"sandbox-conformance vm: cgroup witnesses unavailable: {e}", file=sys.stderr, flush=True)
     codes: list[int | None] = []
     for label, user in args.leg:
         leg_argv = witness_argv(label, user, witness, launch_timeout=args.launch_timeout)
         print(f"sandbox-conformance vm: witness suite as {label}", file=sys.stderr, flush=True)
+        events.begin(f"vm as {label}")
         started = time.monotonic()
         # The whole process group goes on timeout (tasks, launchers), not just the witness command.
         rc = run(leg_argv, timeout=args.timeout, env=env, capture=False).returncode
+        events.end(f"vm as {label}", result_word(rc))
         codes.append(rc)
         legs.append({"label": label, "user": user, "returncode": rc,
                      "seconds": round(time.monotonic() - started, 1)})
         print(f"sandbox-conformance vm: as {label}: " + ("timed out" if rc is None else f"exit {rc}"),
               file=sys.stderr, flush=True)
     if args.controls:
-        codes.append(run_controls(args.controls, args.controls_json, env=env, timeout=args.timeout,
-                                  summary=summary))
+        events.begin("vm controls")
+        rc = run_controls(args.controls, args.controls_json, env=env, timeout=args.timeout, summary=summary,
+                          launch_timeout=args.launch_timeout)
+        events.end("vm controls", result_word(rc))
+        codes.append(rc)
     with open(args.summary, "w") as f:
         json.dump(summary, f)
     return combine(codes)
 
 
 def run_controls(names: str, out: str | None, *, env: dict[str, str], timeout: float,
-                 summary: dict[str, object]) -> int | None:
-    argv = [sys.executable, "-m", "runners.cli", "controls", "--only", names, "--json"]
+                 summary: dict[str, object], launch_timeout: float | None = None) -> int | None:
+    argv = [sys.executable, "-m", "commands.cli", "controls", "--only", names, "--json"]
+    if launch_timeout is not None:
+        # The legs' TCG-sized launch timeout (runners/vm/mode.py), for each perturbed witness run too:
+        # the controls' 30 s default is sized for a native launch (seen timing out under TCG at load 8).
+        argv += ["--launch-timeout", str(launch_timeout),
+                 "--timeout", str(max(CONTROLS_RUN_TIMEOUT, 3 * launch_timeout))]
     print(f"sandbox-conformance vm: controls {names}", file=sys.stderr, flush=True)
     started = time.monotonic()
     done = run(argv, timeout=timeout, env=env)

@@ -32,8 +32,9 @@ from conformance.controls import Control
 from conformance.controls_judge import Result, Status, Verdict
 from conformance.render import PLAIN, Style
 from probes import owner
+from probes.cgroupfs import PROMISE_ENV
+from probes.exits import EXIT_FAIL, EXIT_OK, Refusal, UsageError, check_as_user
 from probes.run import Completed, Runner, minimal_env, run
-from runners.errors import EXIT_FAIL, EXIT_OK, Refusal, UsageError, check_as_user
 
 if TYPE_CHECKING:
     from runners.progress import Progress
@@ -43,7 +44,6 @@ REQUIRE_ENV = "SANDBOX_CONFORMANCE_REQUIRE"
 # A witness run takes well under a second here (one launch serves every witness); the bound is for a
 # wedged sandbox, and `witness` bounds each launch itself (--timeout).
 RUN_TIMEOUT = 120.0
-CGROUP_ROOT_ENV = "SANDBOX_CONFORMANCE_CGROUP_ROOT"  # probes/cgroup.py PROMISE_ENV
 LAUNCH_TIMEOUT = 30.0
 
 
@@ -65,6 +65,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=RUN_TIMEOUT,
         metavar="SECONDS",
         help=f"per witness run, whole process group killed (default {RUN_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--launch-timeout",
+        type=float,
+        default=LAUNCH_TIMEOUT,
+        metavar="SECONDS",
+        help=f"per task launch, passed to each witness run's --timeout (default {LAUNCH_TIMEOUT:g}; "
+        "a VM under software emulation needs more)",
     )
 
 
@@ -90,6 +98,7 @@ def witness_runner(
     as_user: str | None,
     timeout: float,
     workdir: Path,
+    launch_timeout: float = LAUNCH_TIMEOUT,
     runner: Runner = _run_ours,
     progress: Progress | None = None,
 ) -> WitnessRunner:
@@ -102,8 +111,8 @@ def witness_runner(
         junit = workdir / f"run-{next(counter)}.xml"
         # --verbose: pytest's report stays in the captured stderr (read when a run goes wrong), and
         # these runs, red by design, leave no log in the state directory (conformance/output.py).
-        argv = [sys.executable, "-m", "runners.cli", "witness", "--verbose", "--junitxml", str(junit)]
-        argv += ["--timeout", str(min(LAUNCH_TIMEOUT, timeout))]
+        argv = [sys.executable, "-m", "commands.cli", "witness", "--verbose", "--junitxml", str(junit)]
+        argv += ["--timeout", str(min(launch_timeout, timeout))]
         if as_user:
             argv += ["--as-user", as_user]
         argv += list(extra)
@@ -111,7 +120,7 @@ def witness_runner(
         # and no SANDBOX_CONFORMANCE_PERTURB leaking into the baseline. The cgroup root promise is
         # kept: every run must give its tasks the same leaves (the container and VM modes prove a
         # root and promise it through this variable only).
-        promised = {k: os.environ[k] for k in (CGROUP_ROOT_ENV,) if k in os.environ}
+        promised = {k: os.environ[k] for k in (PROMISE_ENV,) if k in os.environ}
         if progress is None:
             return _read(runner(argv, timeout=timeout, env=minimal_env(promised), cwd=str(workdir)), junit)
         what = " ".join(extra) or "(baseline)"
@@ -203,6 +212,11 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError("--jobs: expected at least 1")
     if args.timeout <= 0:
         raise UsageError("--timeout: expected a positive number of seconds")
+    if args.launch_timeout <= 0:
+        raise UsageError("--launch-timeout: expected a positive number of seconds")
+    if args.launch_timeout >= args.timeout:
+        raise UsageError(f"--launch-timeout {args.launch_timeout:g} must be below --timeout {args.timeout:g} "
+                         "(a witness run is at least one launch)")
     check_as_user(args.as_user)
 
 
@@ -476,6 +490,7 @@ def main(args: argparse.Namespace) -> int:
             as_user=args.as_user,
             timeout=args.timeout,
             workdir=Path(tmp),
+            launch_timeout=args.launch_timeout,
             progress=Progress("sandbox-conformance controls"),
         )
         report = execute(

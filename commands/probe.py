@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from probes.collect import PROBE_IDS, collect
+from probes.exits import EXIT_FAIL, EXIT_OK, UsageError, check_as_user
 from probes.finding import Finding, Verdict
 from probes.host import Host
 from probes.run import Background
-from runners.errors import EXIT_FAIL, EXIT_OK, UsageError, check_as_user
 
 SCHEMA = 1
 
@@ -45,17 +45,16 @@ def _ids(text: str, flag: str) -> list[str]:
 
 
 def context(host: Host, findings: list[Finding], as_user: str | None = None) -> dict[str, Any]:
-    import platform  # only the JSON document needs it (~2 ms of every start-up otherwise)
-
     by = {f.probe: f for f in findings}
+    uname = os.uname()  # what platform.release()/machine() return, without importing platform
     bw = by.get("bwrap")
     return {
         "euid": host.euid,
         "user": host.user,
         "as_user": as_user or host.as_user,
-        "kernel": platform.release(),
-        "arch": platform.machine(),
-        "python": platform.python_version(),
+        "kernel": uname.release,
+        "arch": uname.machine,
+        "python": sys.version.split()[0],  # what platform.python_version() parses out of it
         # Without the bwrap probe (--only deployment), still say which bwrap PATH finds.
         "bwrap": (bw.facts.get("path") if bw else host.which("bwrap")),
         "bwrap_version": (bw.facts.get("version") if bw else None),

@@ -10,7 +10,7 @@ host's.
 The cache lives outside the repo (/var/cache/sandbox-conformance/vm/<kernel>/ as root), one directory
 per kernel version; the initramfs file name carries a hash of everything that goes into it, so a
 change to INIT_SCRIPT or the module list makes a new one instead of booting a stale one.
-`ensure_image()` is the one function CI calls (`python3 -m runners.vm_image`).
+`ensure_image()` is the one function CI calls (`python3 -m runners.vm.image`).
 """
 
 from __future__ import annotations
@@ -429,7 +429,7 @@ def refresh_initramfs(directory: Path, *, busybox: Path = BUSYBOX) -> VmImage | 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m runners.vm_image",
+    parser = argparse.ArgumentParser(prog="python3 -m runners.vm.image",
                                      description="Build (once) the VM mode's kernel + initramfs cache.")
     parser.add_argument("--cache", type=Path, default=None, help="cache root (default: %(default)s)")
     parser.add_argument("--package", default=None, help="kernel package (default: what linux-image-amd64 "

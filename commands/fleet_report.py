@@ -14,8 +14,8 @@ Exit 0 when no host broke a promise; 1 when one did (its run exited 1: a promise
 error), or with --require when any host did not pass (refused, unreachable, stopped, no report);
 2 for a DIR that is not a directory of host directories, with one line.
 
-Stdlib only, and importing nothing of the project's but runners.errors: the collection's playbook
-runs it on the controller as `python3 -m runners.cli fleet-report` from a bare checkout."""
+Stdlib only, and importing nothing of the project's but probes.exits: the collection's playbook
+runs it on the controller as `python3 -m commands.cli fleet-report` from a bare checkout."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from runners.errors import EXIT_FAIL, EXIT_OK, UsageError
+from probes.exits import EXIT_FAIL, EXIT_OK, UsageError
 
 # A probe verdict in one matrix cell (probes/finding.py's Verdict values).
 CODES: dict[str, str] = {
@@ -43,7 +43,7 @@ CODES: dict[str, str] = {
 LEGEND = "yes supported, no unsupported, DENIED denied, ? unknown, det detected, - not detected, . not probed"
 # Verdicts worth a cause line: everything but the two that need no explanation.
 QUIET_VERDICTS = frozenset({"supported", "not_detected"})
-# A promise's verdict in one cell (conformance/cli.py promise_lines: kept, BROKEN, not tested).
+# A promise's verdict in one cell (commands/witness.py promise_lines: kept, BROKEN, not tested).
 PROMISE_CODES = {"kept": "kept", "BROKEN": "BROKEN", "not tested": "-"}
 PROMISE_LEGEND = "kept, BROKEN, - not tested, . not in this host's profile"
 # Host statuses, in the order the summary line counts them.

@@ -7,7 +7,7 @@ import argparse
 import shlex
 
 from conformance import adapters
-from runners.errors import Refusal, UsageError
+from probes.exits import Refusal, UsageError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

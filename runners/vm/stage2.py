@@ -5,10 +5,15 @@ it is stdlib-only and imports nothing of ours. The host copies this file into WO
 writes request.json there; everything we hand back goes into the same directory, which is a
 read-write 9p share of the host's WORKDIR:
   stdout, stderr   the command's output
+  boot_seconds     the guest's uptime as the command starts, written whole (rename) just before it:
+                   its presence is the host's sign that the boot is over (qemu.py's boot stage and
+                   watchdog)
+  progress         the command's own progress events, if it writes any: its path is in the
+                   command's $SANDBOX_CONFORMANCE_VM_PROGRESS (runners/vm/qemu.py follows it)
   exit_code        written last (fsync + rename): its presence means the command ran to the end
   stage2.log       what this script itself saw (for the host's error message)
 As PID 1 it must also reap every orphan (init(1)'s job), and when it exits the kernel panics, so the
-normal end is reboot(2) with LINUX_REBOOT_CMD_POWER_OFF. In a systemd guest (runners/vm.py
+normal end is reboot(2) with LINUX_REBOOT_CMD_POWER_OFF. In a systemd guest (runners/vm/qemu.py
 SystemdGuest) it runs as a service instead; the same power-off ends that guest too.
 """
 
@@ -27,6 +32,10 @@ import time
 LINUX_REBOOT_CMD_POWER_OFF = 0x4321FEDC
 LINUX_REBOOT_CMD_RESTART = 0x01234567
 TIMED_OUT = 124  # timeout(1)'s convention
+# Where the command may append progress events, one JSON object a line (runners/vm/qemu.py _Events).
+PROGRESS_ENV = "SANDBOX_CONFORMANCE_VM_PROGRESS"
+PROGRESS_FILE = "progress"
+BOOT_FILE = "boot_seconds"
 
 # Annotations are for mypy only: the guest's python3 evaluates a def's annotations when the def runs,
 # so any that is not a plain builtin is a string, and `typing` is imported only under TYPE_CHECKING
@@ -42,13 +51,19 @@ def log(control: str, message: str) -> None:
         f.write(message + "\n")
 
 
-def write_exit_code(control: str, code: int) -> None:
-    tmp = os.path.join(control, "exit_code.tmp")
+def write_whole(control: str, name: str, text: str) -> None:
+    """NAME appears in the share only with its whole text: written under another name, then renamed
+    (rename(2) is atomic; the host polls for NAME and reads it at once)."""
+    tmp = os.path.join(control, name + ".tmp")
     with open(tmp, "w") as f:
-        f.write(f"{code}\n")
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    os.rename(tmp, os.path.join(control, "exit_code"))
+    os.rename(tmp, os.path.join(control, name))
+
+
+def write_exit_code(control: str, code: int) -> None:
+    write_whole(control, "exit_code", f"{code}\n")
 
 
 def loopback_up() -> None:
@@ -76,6 +91,7 @@ def run(control: str, request: "Mapping[str, Any]") -> int:
     env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
     env.setdefault("HOME", "/root")
     env["SANDBOX_CONFORMANCE_IN_VM"] = "1"
+    env[PROGRESS_ENV] = os.path.join(control, PROGRESS_FILE)
     deadline = time.monotonic() + float(request["timeout"])
     out = os.open(os.path.join(control, "stdout"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     err = os.open(os.path.join(control, "stderr"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -118,8 +134,7 @@ def main() -> None:
             request = json.load(f)
         loopback_up()
         # Guest uptime when the command starts: the kernel + initramfs + switch_root part of a run.
-        with open(os.path.join(control, "boot_seconds"), "w") as f:
-            f.write(f"{time.clock_gettime(time.CLOCK_BOOTTIME):.3f}\n")
+        write_whole(control, BOOT_FILE, f"{time.clock_gettime(time.CLOCK_BOOTTIME):.3f}\n")
         code = run(control, request)
         write_exit_code(control, code)
     except Exception as e:  # PID 1 must never die with a traceback: say what happened, then power off
