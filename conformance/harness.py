@@ -309,12 +309,11 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             return e
 
     def _join_started(self) -> None:
-        """Before the layout goes: a launch still under way uses it. A cancelled run's launch ends
-        promptly (its child's group is stopped by probes/cancel.py); an exception it raised other
-        than a HarnessError was the session's to report, and was, if anyone asked for the task."""
-        for future in self._started.values():
-            with contextlib.suppress(Exception):
-                future.result()
+        """Before the layout goes: a launch still under way uses it. Waited for, not read: what it
+        raised was for task() to report, if anyone asked. A cancelled run's launch ends promptly: its
+        child's group is stopped by probes/cancel.py, and a worker thread starts no new child after
+        the signal (probes/run.py)."""
+        concurrent.futures.wait(self._started.values())
 
     def task(self, key: str = "main") -> plan.Task:
         """The live task's observations: launched once per key, cached (a failure is cached too,

@@ -221,6 +221,12 @@ def classify(signals: Signals, rung: Rung, outcome: Outcome, *,
         return Classification(Verdict.unknown, Cause.trial_failed,
                               f"{rung} trial did not run{_at(outcome)}; see evidence")
     causes = _causes(signals, rung, outcome, succeeded)
+    if earlier_failed is not None and rung is Rung.disable_userns and Cause.readonly_proc_sys in causes:
+        # A read-only /proc/sys refuses bwrap's write of max_user_namespaces, which it makes only
+        # inside the user namespace it created; with an earlier rung already refused, that namespace
+        # was refused first (Docker's default seccomp profile: tests/test_host_shape_lab.py). The
+        # earlier rung's cause leads, the read-only /proc/sys stays among the weaker ones.
+        causes = [c for c in causes if c is not Cause.readonly_proc_sys] + [Cause.readonly_proc_sys]
     cause = causes[0] if causes else None
     if cause is None:
         if earlier_failed is not None:

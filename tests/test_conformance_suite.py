@@ -519,3 +519,36 @@ def test_an_expected_skip_listed_with_another_reason_fails_the_run(
     done = witness("--profile", str(gated_profile), "--require", "--expected-skips", str(f))
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
     assert "skipped for another reason than listed" in done.stdout
+
+
+def test_a_task_started_early_is_the_one_the_witnesses_get(reference_ready: None) -> None:
+    """WitnessSession.start() (the witness command launches the main task while pytest imports):
+    task() then waits for that launch instead of making a second one, and it is a live task the host
+    saw (its observations and the host's view of its process)."""
+    from conformance import profile
+    from conformance.harness import WitnessSession
+
+    with WitnessSession(profile.load()) as session:
+        session.start()
+        session.start()  # a second start is no second launch
+        first = session.task()
+        assert session.task() is first
+        assert first.seen is not None and first.doc, first
+        assert first.seen.pid > 0
+
+
+def test_a_session_closed_with_its_launch_unasked_waits_for_it_and_leaves_nothing(
+        reference_ready: None) -> None:
+    """A witness run that never reached its tests (cancelled, or every witness deselected) still
+    waits for the launch it started before its layout goes, and nothing of it is left."""
+    from conformance import profile
+    from conformance.harness import WitnessSession
+
+    with WitnessSession(profile.load()) as session:
+        session.start()
+        assert session.layout is not None
+        root = Path(session.layout.root)
+        started = list(session._started.values())
+    assert all(f.done() for f in started)
+    assert not root.exists()
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(root) in " ".join(p.info["cmdline"] or ())]

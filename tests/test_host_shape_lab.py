@@ -539,9 +539,12 @@ class TestContainerHost:
         seen = _in_plain_container(container_boot)
         assert "Seccomp:\t2" in seen["status"]["stdout"], seen["status"]
         by = _findings(seen["probe"])
-        ladder = ("userns", "userns.map", "netns", "pidns.proc")
+        ladder = ("userns", "userns.map", "netns", "pidns.proc", "disable_userns")
+        # disable_userns: its namespace was refused before the read-only /proc/sys could matter (was
+        # `readonly_proc_sys`, also seccomp; probes/classify.py).
         expected = {"userns": ("denied", "seccomp"), "userns.map": ("unknown", "earlier_rung"),
-                    "netns": ("denied", "seccomp"), "pidns.proc": ("denied", "seccomp")}
+                    "netns": ("denied", "seccomp"), "pidns.proc": ("denied", "seccomp"),
+                    "disable_userns": ("denied", "seccomp")}
         for who in ("", "@sbxc"):
             got = {p: (by[p + who]["verdict"], by[p + who]["facts"].get("cause")) for p in ladder}
             assert got == expected, {p: by[p + who]["reason"] for p in ladder}

@@ -795,3 +795,16 @@ def test_the_inside_program_json_round_trips(value: Any) -> None:
     from probes import _inside_ladder
 
     assert json.loads(_inside_ladder.dumps(value)) == value
+
+
+def test_a_read_only_proc_sys_does_not_lead_where_the_user_namespace_was_refused_first() -> None:
+    """Docker's default seccomp profile with its read-only /proc/sys (tests/test_host_shape_lab.py):
+    bwrap's --disable-userns write happens inside the namespace it could not create, so seccomp, the
+    earlier rung's cause, leads; the read-only /proc/sys stays among the weaker ones."""
+    signals = Signals(euid=1000, cap_eff=0, seccomp=2, proc_sys_readonly=True)  # no CAP_SYS_ADMIN
+    failed = Outcome(False, Step.bwrap, None)  # bwrap failed before our program ran, no errno
+    c = classify(signals, Rung.disable_userns, failed, earlier_failed=Rung.userns)
+    assert (c.cause, c.also) == (Cause.seccomp, (Cause.readonly_proc_sys,)), c
+    # With every earlier rung working, the read-only /proc/sys is still the cause (the nspawn shape).
+    c = classify(signals, Rung.disable_userns, failed)
+    assert c.cause is Cause.readonly_proc_sys, c
