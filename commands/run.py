@@ -29,10 +29,9 @@ from probes.exits import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, Usage
 from probes.finding import Finding
 from probes.host import Host
 from probes.run import run
-from runners import container, native, run_verdict, witness_args
+from runners import native, run_verdict, witness_args
 from runners.decide import NEEDED, Decision, Mode, Request, decide
 from runners.progress import HEARTBEAT, Progress
-from runners.vm import mode as vm_mode
 
 MODE_ENV = "SANDBOX_CONFORMANCE_MODE"
 PRINT_MODE_ENV = "SANDBOX_CONFORMANCE_PRINT_MODE"
@@ -273,6 +272,8 @@ def _main(args: argparse.Namespace, verdict: _Verdict) -> int:
         return verdict.done(code)
 
     if decision.mode is Mode.vm:
+        from runners.vm import mode as vm_mode  # each mode's code is imported only when chosen
+
         return ended(vm_mode.run_vm(options, timeout=args.timeout, say=verdict.say, progress=progress))
     if decision.mode is Mode.native:
         if decision.delegate:
@@ -315,6 +316,8 @@ def _run_delegated(args: argparse.Namespace, say: Callable[[str], None] = _say) 
 def _run_container(args: argparse.Namespace, options: witness_args.WitnessOptions,
                    engine_finding: Finding | None, verdict: _Verdict,
                    progress: Progress | None = None) -> int:
+    from runners import container
+
     engine = container.Engine.from_facts(engine_finding.facts if engine_finding else {}, os.environ)
     try:
         image = args.image or container.build_image(engine, base=args.base_image, say=_say, progress=progress)

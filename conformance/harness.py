@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance import bwrap_argv, cgroup_leaf, layout, observer, plan
+from conformance.handover import GUARD_PROBES
 from conformance.launch import (
     REFERENCE,
     SECRET_ENV,
@@ -38,7 +39,6 @@ from conformance.launch import (
     launch,
 )
 from conformance.profile import Profile, expand
-from conformance.settings import GUARD_PROBES
 from probes.cgroupfs import own_cgroup
 from probes.finding import Finding, Verdict
 from probes.host import Host

@@ -8,7 +8,6 @@ with one line naming the option; each caller turns it into its own usage error (
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -16,15 +15,11 @@ from pathlib import Path
 
 from conformance import bwrap_argv
 from conformance import profile as profile_mod
+from conformance.handover import handed_down
 from conformance.launch import REFERENCE, Launcher, LauncherKind, external
 from probes.finding import Finding
 
 REQUIRE_ENV = "SANDBOX_CONFORMANCE_REQUIRE"
-# The probes whose findings guard witnesses (conformance/harness.py).
-GUARD_PROBES = ("disable_userns", "cgroup.delegation")
-# The probe findings a `run` already made, handed to the witness process it starts (JSON, see
-# `handover`): the guard probes are not run twice for the same user in the same environment.
-FINDINGS_ENV = "SANDBOX_CONFORMANCE_FINDINGS"
 # A name a launcher's environment may carry: what a shell accepts as a variable name.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -48,7 +43,7 @@ class Settings:
     launcher_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # Where each task's layout is made (--layout-root): a sandbox with a private /tmp needs another.
     layout_root: str | None = None
-    # Guard findings handed down by `run` (FINDINGS_ENV); None: the session probes for itself.
+    # Guard findings handed down by `run` (conformance/handover.py); None: the session probes for itself.
     guard: Mapping[str, Finding] | None = None
 
     @property
@@ -160,37 +155,3 @@ def build(
         layout_root=check_layout_root(layout_root) if layout_root is not None else None,
         guard=handed_down(as_user, environ),
     )
-
-
-# ---- findings handed down from `run` ---------------------------------------------------------------
-
-# What a guard finding depends on besides the user: a promised cgroup root changes cgroup.delegation.
-_DEPENDS_ON = ("SANDBOX_CONFORMANCE_CGROUP_ROOT",)
-
-
-def handover(findings: Iterable[Finding], *, as_user: str | None, environ: Mapping[str, str]) -> str:
-    """FINDINGS_ENV's value: the findings, for whom, and the environment they were made in."""
-    return json.dumps(
-        {
-            "as_user": as_user,
-            "environ": {k: environ.get(k) for k in _DEPENDS_ON},
-            "findings": [f.to_json() for f in findings],
-        }
-    )
-
-
-def handed_down(as_user: str | None, environ: Mapping[str, str]) -> dict[str, Finding] | None:
-    """The findings `run` handed down, if they were made for this user in this environment; None
-    otherwise (the session then probes for itself, as a direct `witness` does)."""
-    raw = environ.get(FINDINGS_ENV)
-    if not raw:
-        return None
-    try:
-        doc = json.loads(raw)
-        if doc.get("as_user") != as_user:
-            return None
-        if any(doc.get("environ", {}).get(k) != environ.get(k) for k in _DEPENDS_ON):
-            return None  # the process's environment changed since: re-probe
-        return {f.probe: f for f in map(Finding.from_json, doc["findings"])}
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None  # a malformed handover is no evidence: probe again

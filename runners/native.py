@@ -7,7 +7,7 @@ import signal
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
-from conformance.settings import FINDINGS_ENV, GUARD_PROBES, handover
+from conformance.handover import FINDINGS_ENV, GUARD_PROBES, handover
 from probes.finding import Finding
 from probes.run import run
 from runners.witness_args import WitnessOptions

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from witness_cli import REPO, junit, witness
 
-from conformance import plan, settings
+from conformance import handover as handover_mod
+from conformance import plan
 from conformance.profile import PLACEHOLDERS, Filesystem, Profile
 from probes.finding import Finding, Verdict
 
@@ -136,22 +137,22 @@ def _finding(probe: str, reason: str) -> Finding:
 def test_findings_are_handed_down_only_for_the_same_user_and_environment() -> None:
     f = [_finding("disable_userns", "handed down")]
     env = {"SANDBOX_CONFORMANCE_CGROUP_ROOT": "/sys/fs/cgroup/x"}
-    raw = settings.handover(f, as_user=None, environ=env)
-    got = settings.handed_down(None, {**env, settings.FINDINGS_ENV: raw})
+    raw = handover_mod.handover(f, as_user=None, environ=env)
+    got = handover_mod.handed_down(None, {**env, handover_mod.FINDINGS_ENV: raw})
     assert got is not None and got["disable_userns"].reason == "handed down"
-    assert settings.handed_down("sbxc-test", {**env, settings.FINDINGS_ENV: raw}) is None
+    assert handover_mod.handed_down("sbxc-test", {**env, handover_mod.FINDINGS_ENV: raw}) is None
     # The promised cgroup root changed since (native mode drops it): re-probe.
-    assert settings.handed_down(None, {settings.FINDINGS_ENV: raw}) is None
-    assert settings.handed_down(None, {settings.FINDINGS_ENV: "{not json"}) is None
+    assert handover_mod.handed_down(None, {handover_mod.FINDINGS_ENV: raw}) is None
+    assert handover_mod.handed_down(None, {handover_mod.FINDINGS_ENV: "{not json"}) is None
 
 
 def test_the_witness_process_uses_the_findings_run_handed_down(tmp_path: Path) -> None:
     """The witness command takes the guard findings from the handover instead of probing again: a
     handed-down `disable_userns` verdict is the one its nested-userns witness skips with."""
-    raw = settings.handover(
+    raw = handover_mod.handover(
         [_finding("disable_userns", "sbxc-handed-down-marker"), _finding("cgroup.delegation", "none here")],
         as_user=None,
         environ={},
     )
-    done = witness("--junitxml", str(tmp_path / "j.xml"), env={settings.FINDINGS_ENV: raw})
+    done = witness("--junitxml", str(tmp_path / "j.xml"), env={handover_mod.FINDINGS_ENV: raw})
     assert "sbxc-handed-down-marker" in done.stdout, done.stdout
