@@ -29,7 +29,7 @@ from conformance import controls as catalogue
 from conformance import controls_judge as judge_mod
 from conformance import render
 from conformance.controls import Control
-from conformance.controls_judge import Result, Status, Verdict
+from conformance.controls_judge import ControlStatus, ControlVerdict, Result
 from conformance.render import PLAIN, Style
 from probes import owner
 from probes.cgroupfs import PROMISE_ENV
@@ -167,10 +167,10 @@ def plan(
     disable_userns_reason: str,
     cgroup_root: tuple[bool, str] = (False, "the cgroup.delegation probe was not consulted"),
     as_root: bool = True,
-) -> tuple[list[Planned], list[Verdict]]:
+) -> tuple[list[Planned], list[ControlVerdict]]:
     """PURE: what to run for each chosen control on this host, and the ones that cannot apply."""
     todo: list[Planned] = []
-    skipped: list[Verdict] = []
+    skipped: list[ControlVerdict] = []
     for c in chosen:
         why = catalogue.not_applicable(
             c,
@@ -241,13 +241,13 @@ def _cgroup_root(as_user: str | None) -> tuple[bool, str]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Report:
+class ControlsReport:
     baseline: Mapping[str, Result]
     baseline_problem: judge_mod.BaselineProblem | None
-    verdicts: list[Verdict]  # catalogue controls, in catalogue order
+    verdicts: list[ControlVerdict]  # catalogue controls, in catalogue order
     planned: list[Planned]
     unsandboxed_planned: Planned | None
-    unsandboxed: Verdict | None
+    unsandboxed: ControlVerdict | None
     unsandboxed_results: Mapping[str, Result] | None
     coverage: list[judge_mod.Coverage]
     partial: bool
@@ -273,7 +273,7 @@ def execute(
     partial: bool,
     cgroup_root: tuple[bool, str] = (False, "the cgroup.delegation probe was not consulted"),
     as_root: bool = True,
-) -> Report:
+) -> ControlsReport:
     base = witness(())
     problem = judge_mod.baseline_problems(base.results, base.problem)
     if problem is not None and problem.could_not_run:
@@ -292,8 +292,9 @@ def execute(
     )
     unsb: Planned | None = None
     if with_unsandboxed:
-        passed = [t for t, r in baseline.items() if r.outcome is judge_mod.Outcome.passed]
-        other = {t: f"{r.outcome}" for t, r in baseline.items() if r.outcome is not judge_mod.Outcome.passed}
+        passed = [t for t, r in baseline.items() if r.outcome is judge_mod.ControlOutcome.passed]
+        other = {t: f"{r.outcome}" for t,
+                 r in baseline.items() if r.outcome is not judge_mod.ControlOutcome.passed}
         c = catalogue.unsandboxed(passed, other)
         unsb = Planned(c, ("--launcher", c.prefix or "env"), c.collateral)
     jobs_list = [*todo, *([unsb] if unsb else [])]
@@ -342,7 +343,7 @@ def execute(
         {catalogue.key(u.test): u.reason for u in catalogue.UNCONTROLLED},
         [c for c in catalogue.CONTROLS if c not in chosen],
     )
-    return Report(
+    return ControlsReport(
         baseline,
         problem,
         verdicts,
@@ -360,17 +361,17 @@ def execute(
 # ---- output ---------------------------------------------------------------------------------------------
 
 
-def _verdict_lines(label: str, v: Verdict, must: int, style: Style = PLAIN) -> list[str]:
-    if v.status is Status.not_applicable:
+def _verdict_lines(label: str, v: ControlVerdict, must: int, style: Style = PLAIN) -> list[str]:
+    if v.status is ControlStatus.not_applicable:
         return [f"{label}: {style.paint('not applicable here', 'yellow')}: {v.reason}"]
-    if v.status is Status.ok:
+    if v.status is ControlStatus.ok:
         extra = f"; declared collateral seen: {', '.join(v.collateral_seen)}" if v.collateral_seen else ""
         return [f"{label}: {style.paint('OK', 'green')}: {len(v.reddened)}/{must} named witness(es) red by "
                 f"an assertion{extra}"]
     return [f"{label}: {style.paint('FAILED', 'bold', 'red')}", *(f"  - {p}" for p in v.problems)]
 
 
-def human(report: Report, controls: Mapping[str, Control], style: Style = PLAIN) -> list[str]:
+def human(report: ControlsReport, controls: Mapping[str, Control], style: Style = PLAIN) -> list[str]:
     """The lines a person reads; `style` colours the verdict words (a terminal only: main)."""
     lines: list[str] = []
     counts: dict[str, int] = {}
@@ -395,9 +396,9 @@ def human(report: Report, controls: Mapping[str, Control], style: Style = PLAIN)
     for cov in report.coverage:
         detail = ", ".join(cov.controls) if cov.controls else cov.detail
         lines.append(f"  {cov.status:<10} {cov.test:<{width}}  {detail}")
-    ok = sum(1 for v in report.verdicts if v.status is Status.ok)
-    failed = [v.control for v in report.verdicts if v.status is Status.failed]
-    na = sum(1 for v in report.verdicts if v.status is Status.not_applicable)
+    ok = sum(1 for v in report.verdicts if v.status is ControlStatus.ok)
+    failed = [v.control for v in report.verdicts if v.status is ControlStatus.failed]
+    na = sum(1 for v in report.verdicts if v.status is ControlStatus.not_applicable)
     if report.unsandboxed is not None and not report.unsandboxed.ok:
         failed.append(catalogue.UNSANDBOXED)
     by_status: dict[str, int] = {}
@@ -412,7 +413,7 @@ def human(report: Report, controls: Mapping[str, Control], style: Style = PLAIN)
     return lines
 
 
-def _verdict_json(v: Verdict, c: Control, planned: Planned | None) -> dict[str, Any]:
+def _verdict_json(v: ControlVerdict, c: Control, planned: Planned | None) -> dict[str, Any]:
     how: dict[str, Any]
     if c.perturb:
         how = {"perturb": c.perturb}
@@ -437,7 +438,7 @@ def _verdict_json(v: Verdict, c: Control, planned: Planned | None) -> dict[str, 
     }
 
 
-def to_json(report: Report, controls: Mapping[str, Control]) -> dict[str, Any]:
+def to_json(report: ControlsReport, controls: Mapping[str, Control]) -> dict[str, Any]:
     planned = {p.control.name: p for p in report.planned}
     unsb = None
     if report.unsandboxed is not None and report.unsandboxed_planned is not None:
@@ -512,7 +513,7 @@ def main(args: argparse.Namespace) -> int:
     return required(report)
 
 
-def required(report: Report, env: Mapping[str, str] = os.environ) -> int:
+def required(report: ControlsReport, env: Mapping[str, str] = os.environ) -> int:
     """Under SANDBOX_CONFORMANCE_REQUIRE=1 a control that could not mean anything here, or a witness
     that never ran, is a failure: CI that must prove everything cannot pass on what it skipped."""
     if env.get(REQUIRE_ENV, "") in ("", "0") or report.exit_code != EXIT_OK:
@@ -520,7 +521,7 @@ def required(report: Report, env: Mapping[str, str] = os.environ) -> int:
     missing = [
         f"control {v.control} not applicable: {v.reason}"
         for v in report.verdicts
-        if v.status is Status.not_applicable
+        if v.status is ControlStatus.not_applicable
     ]
     if not report.partial:  # with --only the coverage table is partial by request
         missing += [f"witness {c.test} not run: {c.detail}" for c in report.coverage if c.status == "not_run"]

@@ -46,7 +46,7 @@ QUIET_VERDICTS = frozenset({"supported", "not_detected"})
 # A promise's verdict in one cell (commands/witness.py promise_lines: kept, BROKEN, not tested).
 PROMISE_CODES = {"kept": "kept", "BROKEN": "BROKEN", "not tested": "-"}
 PROMISE_LEGEND = "kept, BROKEN, - not tested, . not in this host's profile"
-# Host statuses, in the order the summary line counts them.
+# FleetHost statuses, in the order the summary line counts them.
 STATUSES = ("passed", "failed", "refused", "error", "stopped", "unreachable", "no report")
 RUN_STATUS = {0: "passed", 1: "failed", 75: "refused", 2: "error"}
 REPORT_FILES = ("host.json", "probe.json", "run.json")
@@ -67,7 +67,7 @@ class PromiseCell:
 
 
 @dataclasses.dataclass(frozen=True)
-class Host:
+class FleetHost:
     name: str
     status: str  # one of STATUSES
     why: str  # the reason for a status other than passed ("" for a pass)
@@ -83,7 +83,7 @@ class Host:
 
 @dataclasses.dataclass(frozen=True)
 class Fleet:
-    hosts: tuple[Host, ...]
+    hosts: tuple[FleetHost, ...]
 
     @property
     def probe_ids(self) -> list[str]:
@@ -93,7 +93,7 @@ class Fleet:
     def promise_labels(self) -> list[str]:
         return _ordered(p for h in self.hosts for p in h.promises)
 
-    def with_status(self, status: str) -> list[Host]:
+    def with_status(self, status: str) -> list[FleetHost]:
         return [h for h in self.hosts if h.status == status]
 
 
@@ -187,14 +187,14 @@ def _status(state: Any, run: Any, legs: Mapping[str, Any]) -> tuple[str, str]:
     return "no report", "no witness outcome: the host dropped out before the run finished"
 
 
-def load_host(host_dir: Path) -> Host:
+def load_host(host_dir: Path) -> FleetHost:
     notes: list[str] = []
     state = _read_json(host_dir / "host.json", notes)
     probe = _read_json(host_dir / "probe.json", notes)
     run = _read_json(host_dir / "run.json", notes)
     legs = _legs(host_dir, notes)
     status, why = _status(state, run, legs)
-    return Host(host_dir.name, status, why, _text(run, "mode"), _text(run, "verdict_line"),
+    return FleetHost(host_dir.name, status, why, _text(run, "mode"), _text(run, "verdict_line"),
                 _probes(probe), _promises(legs), tuple(notes))
 
 
@@ -255,7 +255,7 @@ def cause_groups(fleet: Fleet) -> list[tuple[str, str, str, list[str], str]]:
     return [(p, v, c, hosts, reason) for (p, v, c), (hosts, reason) in groups.items()]
 
 
-def _witnessed(fleet: Fleet) -> list[Host]:
+def _witnessed(fleet: Fleet) -> list[FleetHost]:
     return [h for h in fleet.hosts if h.promises]
 
 
@@ -353,7 +353,7 @@ def render(fleet: Fleet, fmt: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def junit(host: Host) -> str:
+def junit(host: FleetHost) -> str:
     """One JUnit file per host: each probe (skipped with its reason unless supported or not detected),
     the run (an error when the host was not reached or stopped, skipped when refused), and each
     promise (a failure when BROKEN, skipped when not tested)."""

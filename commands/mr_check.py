@@ -26,7 +26,7 @@ from pathlib import Path
 
 from mrcheck.config import ConfigError, dead_globs, load, resolve
 from mrcheck.git import GitError, collect, files_at_head, toplevel
-from mrcheck.report import Format, Invocation, Report, exit_code, plan, render
+from mrcheck.report import CheckReport, Invocation, ReportFormat, exit_code, plan, render
 from mrcheck.tiers import TierResult, display_command, effective_mode, run_tier
 from probes.exits import UsageError
 
@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base", metavar="REV",
                    help="compare with the merge-base of REV and HEAD "
                         "(default: origin/HEAD, else main or master)")
-    p.add_argument("--format", choices=[str(f) for f in Format], default=str(Format.text),
+    p.add_argument("--format", choices=[str(f) for f in ReportFormat], default=str(ReportFormat.text),
                    help="text (default), markdown (to paste into the merge request) or one JSON document")
     p.add_argument("--config", metavar="FILE", type=Path,
                    help="a TOML file with the tiers (default: [tool.sandbox-conformance] in the repository's "
@@ -54,7 +54,7 @@ def _warn(line: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    fmt = Format(args.format)
+    fmt = ReportFormat(args.format)
     cwd = (args.repo or Path.cwd()).absolute()
     try:
         # The configuration first: in a repository that declares nothing, "add this" is the useful line.
@@ -77,6 +77,6 @@ def main(args: argparse.Namespace) -> int:
         cmd = display_command(p.tier, mode)
         print(f"sandbox-conformance mr-check: running tier {p.tier.name}: {cmd}", file=sys.stderr, flush=True)
         results.append(run_tier(p.tier, changes.root, mode))
-    report = Report(changes, config.source, invocation, plans, tuple(results))
+    report = CheckReport(changes, config.source, invocation, plans, tuple(results))
     print(render(report, fmt))
     return exit_code(report)

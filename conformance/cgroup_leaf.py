@@ -1,7 +1,7 @@
 """A per-task cgroup v2 leaf: made with the profile's limits, entered before the task executes, emptied
 and removed afterwards whatever happened.
 
-    with task_leaf(root, "task-1234", Limits(memory_max=32 << 20, pids_max=64)) as leaf:
+    with task_leaf(root, "task-1234", LeafLimits(memory_max=32 << 20, pids_max=64)) as leaf:
         run([*leaf.enter_argv(), *bwrap_argv], timeout=...)
         oom_kills = leaf.oom_kills()          # memory.events, read on the host side
 
@@ -65,7 +65,7 @@ class KillMethod(enum.StrEnum):
 
 
 @dataclasses.dataclass(frozen=True)
-class Limits:
+class LeafLimits:
     memory_max: int | None = None  # bytes; None leaves "max"
     pids_max: int | None = None
     # 0 so an allocation past memory.max is OOM-killed instead of pushed to swap (the VM has none, a
@@ -148,7 +148,7 @@ class Leaf:
         except OSError as e:
             raise CgroupError(f"write {text.strip()!r} to {target}: {errname(e)}") from e
 
-    def apply(self, limits: Limits) -> dict[str, str]:
+    def apply(self, limits: LeafLimits) -> dict[str, str]:
         """Write the limits; returns what was written. A missing memory.max/pids.max means the
         controller is not enabled for this subtree: an error, never a silent pass."""
         written: dict[str, str] = {}
@@ -215,7 +215,7 @@ def leaf_path(root: Path, name: str) -> Path:
     return root / name
 
 
-def make_leaf(root: Path, name: str, limits: Limits, *, fs: CgroupFs | None = None) -> Leaf:
+def make_leaf(root: Path, name: str, limits: LeafLimits, *, fs: CgroupFs | None = None) -> Leaf:
     fs = fs or CgroupFs()
     path = leaf_path(root, name)
     try:
@@ -235,7 +235,7 @@ def make_leaf(root: Path, name: str, limits: Limits, *, fs: CgroupFs | None = No
 
 @contextlib.contextmanager
 def task_leaf(
-    root: Path, name: str, limits: Limits, *, fs: CgroupFs | None = None, timeout: float = 5.0
+    root: Path, name: str, limits: LeafLimits, *, fs: CgroupFs | None = None, timeout: float = 5.0
 ) -> Iterator[Leaf]:
     """A leaf for one task; on the way out (normal or not, a cancelled run too) kill whatever is left
     and remove it. A real leaf is also registered with the guardian, which does the same if we are

@@ -21,7 +21,7 @@ PROP_REQUIRED_SKIP = "sbxc_required_skip"
 PROP_SAW = "sbxc_saw"
 
 
-class Outcome(enum.StrEnum):
+class ControlOutcome(enum.StrEnum):
     passed = enum.auto()
     assertion = enum.auto()  # failed by an AssertionError: the only way a control may redden a witness
     crashed = enum.auto()  # failed in the test body by another exception: a bug, not a red witness
@@ -32,7 +32,7 @@ class Outcome(enum.StrEnum):
 @dataclasses.dataclass(frozen=True)
 class Result:
     test: str  # key(): `test_x[param]`
-    outcome: Outcome
+    outcome: ControlOutcome
     message: str = ""
 
 
@@ -49,24 +49,25 @@ def classify(case: ET.Element) -> Result:
     name = case.get("name") or "?"
     failure, error, skipped = case.find("failure"), case.find("error"), case.find("skipped")
     if PROP_HARNESS in props:
-        return Result(name, Outcome.error, "harness error: " + _first_line(props[PROP_HARNESS]))
+        return Result(name, ControlOutcome.error, "harness error: " + _first_line(props[PROP_HARNESS]))
     if error is not None:
         # pytest writes <error> for set-up and teardown errors, also after a <failure> in the body.
-        return Result(name, Outcome.error, _first_line(error.get("message") or error.text))
+        return Result(name, ControlOutcome.error, _first_line(error.get("message") or error.text))
     if PROP_REQUIRED_SKIP in props:
         return Result(
-            name, Outcome.skipped, "skipped (failed only by the require switch): " + props[PROP_REQUIRED_SKIP]
+            name, ControlOutcome.skipped,
+            "skipped (failed only by the require switch): " + props[PROP_REQUIRED_SKIP]
         )
     if failure is not None:
         message = failure.get("message") or failure.text or ""
         # pytest's <failure message> is "ExceptionType: text"; the plugin also records what an
         # assertion saw. Anything but an AssertionError is the witness crashing.
         if PROP_SAW in props or message.startswith("AssertionError"):
-            return Result(name, Outcome.assertion, _first_line(props.get(PROP_SAW) or message))
-        return Result(name, Outcome.crashed, _first_line(message))
+            return Result(name, ControlOutcome.assertion, _first_line(props.get(PROP_SAW) or message))
+        return Result(name, ControlOutcome.crashed, _first_line(message))
     if skipped is not None:
-        return Result(name, Outcome.skipped, _first_line(skipped.get("message") or skipped.text))
-    return Result(name, Outcome.passed)
+        return Result(name, ControlOutcome.skipped, _first_line(skipped.get("message") or skipped.text))
+    return Result(name, ControlOutcome.passed)
 
 
 def parse_junit(text: str) -> dict[str, Result]:
@@ -86,16 +87,16 @@ def parse_junit(text: str) -> dict[str, Result]:
     return out
 
 
-class Status(enum.StrEnum):
+class ControlStatus(enum.StrEnum):
     ok = enum.auto()
     failed = enum.auto()
     not_applicable = enum.auto()
 
 
 @dataclasses.dataclass(frozen=True)
-class Verdict:
+class ControlVerdict:
     control: str
-    status: Status
+    status: ControlStatus
     problems: tuple[str, ...] = ()  # one line each: why the control failed
     reddened: tuple[str, ...] = ()  # named witnesses that went red by an assertion
     collateral_seen: tuple[str, ...] = ()  # declared collateral that did change
@@ -103,11 +104,11 @@ class Verdict:
 
     @property
     def ok(self) -> bool:
-        return self.status is not Status.failed
+        return self.status is not ControlStatus.failed
 
 
-def not_applicable(control: Control, reason: str) -> Verdict:
-    return Verdict(control.name, Status.not_applicable, reason=reason)
+def not_applicable(control: Control, reason: str) -> ControlVerdict:
+    return ControlVerdict(control.name, ControlStatus.not_applicable, reason=reason)
 
 
 def _describe(r: Result | None) -> str:
@@ -123,12 +124,13 @@ def judge(
     *,
     collateral: Iterable[str] = (),
     run_problem: str = "",
-) -> Verdict:
+) -> ControlVerdict:
     """One control's verdict. `collateral`: the node ids declared for this host (controls.collateral).
     `results` None: the control's run gave no JUnit results; `run_problem` says why."""
     if results is None:
-        return Verdict(
-            control.name, Status.failed, (f"no JUnit results from the witness run: {run_problem or '?'}",)
+        return ControlVerdict(
+            control.name, ControlStatus.failed,
+            (f"no JUnit results from the witness run: {run_problem or '?'}",)
         )
     problems: list[str] = []
     reddened: list[str] = []
@@ -138,12 +140,12 @@ def judge(
         if b is None:
             problems.append(f"{t}: no such witness in the baseline (renamed, or deselected by the profile?)")
             continue
-        if b.outcome is not Outcome.passed:
+        if b.outcome is not ControlOutcome.passed:
             problems.append(f"{t}: did not pass in the baseline ({_describe(b)}): red proves nothing")
             continue
-        if r is not None and r.outcome is Outcome.assertion:
+        if r is not None and r.outcome is ControlOutcome.assertion:
             reddened.append(t)
-        elif r is not None and r.outcome is Outcome.passed:
+        elif r is not None and r.outcome is ControlOutcome.passed:
             problems.append(f"{t}: left green")
         else:
             problems.append(f"{t}: red for the wrong reason: {_describe(r)}")
@@ -159,9 +161,9 @@ def judge(
             seen.append(t)
             continue
         problems.append(f"{t}: undeclared collateral: {_describe(b)} in the baseline, {_describe(r)} here")
-    return Verdict(
+    return ControlVerdict(
         control.name,
-        Status.failed if problems else Status.ok,
+        ControlStatus.failed if problems else ControlStatus.ok,
         tuple(problems),
         tuple(reddened),
         tuple(seen),
@@ -169,7 +171,7 @@ def judge(
 
 
 def _same(a: Result | None, b: Result | None) -> bool:
-    # Outcome only: messages carry per-run paths and nonces.
+    # ControlOutcome only: messages carry per-run paths and nonces.
     return (a.outcome if a else None) == (b.outcome if b else None)
 
 
@@ -185,14 +187,14 @@ def baseline_problems(baseline: Mapping[str, Result] | None, run_problem: str = 
     means the reference sandbox did not run: nothing can be controlled (exit 75)."""
     if baseline is None:
         return BaselineProblem(True, (f"the baseline gave no JUnit results: {run_problem or '?'}",))
-    if not any(r.outcome is Outcome.passed for r in baseline.values()):
+    if not any(r.outcome is ControlOutcome.passed for r in baseline.values()):
         first = next((r for r in baseline.values() if r.message), None)
         why = f": {first.test}: {_describe(first)}" if first else ""
         return BaselineProblem(True, (f"no witness passed in the baseline{why}",))
     red = [
         f"{t}: red in the baseline, with no perturbation: {_describe(r)}"
         for t, r in sorted(baseline.items())
-        if r.outcome not in (Outcome.passed, Outcome.skipped)
+        if r.outcome not in (ControlOutcome.passed, ControlOutcome.skipped)
     ]
     return BaselineProblem(False, tuple(red)) if red else None
 
@@ -208,7 +210,7 @@ class Coverage:
 def coverage(
     baseline: Mapping[str, Result],
     controls: Sequence[Control],
-    verdicts: Mapping[str, Verdict],
+    verdicts: Mapping[str, ControlVerdict],
     uncontrolled: Mapping[str, str],
     unselected: Sequence[Control] = (),
 ) -> list[Coverage]:
@@ -221,7 +223,7 @@ def coverage(
         elsewhere = tuple(c.name for c in unselected if t in {key(x) for x in c.reddens})
         if by:
             out.append(Coverage(t, "controlled", by, ""))
-        elif b.outcome is Outcome.skipped:
+        elif b.outcome is ControlOutcome.skipped:
             out.append(Coverage(t, "not_run", (), f"skipped in the baseline: {b.message}"))
         elif t in uncontrolled:
             out.append(Coverage(t, "justified", (), uncontrolled[t]))

@@ -387,16 +387,16 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
                         cgroup_leaf.task_leaf(
                             root,
                             cgroup_leaf.unique_name("neighbour"),
-                            cgroup_leaf.Limits(
+                            cgroup_leaf.LeafLimits(
                                 memory_max=lim.memory_max or NEIGHBOUR_MEMORY_MAX,
                                 pids_max=lim.pids_max or NEIGHBOUR_PIDS_MAX,
                             ),
                         )
                     )
-                    limits = cgroup_leaf.Limits(memory_max=lim.memory_max, pids_max=lim.pids_max)
+                    limits = cgroup_leaf.LeafLimits(memory_max=lim.memory_max, pids_max=lim.pids_max)
                     if "limits_dropped" in self.perturbations:
                         # The negative control: the leaf is made and entered, nothing is written.
-                        limits = cgroup_leaf.Limits(swap_max=None)
+                        limits = cgroup_leaf.LeafLimits(swap_max=None)
                     leaf = leaf_stack.enter_context(
                         cgroup_leaf.task_leaf(root, cgroup_leaf.unique_name("task"), limits)
                     )

@@ -104,7 +104,7 @@ class Filesystem:
 
 
 @dataclasses.dataclass(frozen=True)
-class Task:
+class TaskSection:
     control: str | None = None
     control_files: tuple[str, ...] = ()
     user_tmp: str | None = None
@@ -146,7 +146,7 @@ class Profile:
     source: str  # the file it came from, for messages
     description: str = ""
     filesystem: Filesystem = Filesystem()
-    task: Task = Task()
+    task: TaskSection = TaskSection()
     network: NetworkMode = NetworkMode.host
     # [network] allowed: the names a `proxy` lets through (the suite serves each one locally).
     network_allowed: tuple[str, ...] = ()
@@ -379,7 +379,7 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
             "at least one file the suite seeds in task.control "
             "(a read-only promise on an empty directory proves nothing)",
         )
-    task = Task(
+    task = TaskSection(
         control=r.path("task.control", t["control"]) if "control" in t else None,
         control_files=control_files,
         user_tmp=r.path("task.user_tmp", t["user_tmp"]) if "user_tmp" in t else None,

@@ -28,7 +28,7 @@ class Source(enum.StrEnum):
     untracked = enum.auto()    # new, not ignored (--exclude-standard rules)
 
 
-class Status(enum.StrEnum):
+class ChangeStatus(enum.StrEnum):
     added = enum.auto()
     modified = enum.auto()
     deleted = enum.auto()
@@ -39,14 +39,15 @@ class Status(enum.StrEnum):
     untracked = enum.auto()
 
 
-_LETTER = {"A": Status.added, "M": Status.modified, "D": Status.deleted, "R": Status.renamed,
-           "C": Status.copied, "T": Status.type_changed, "U": Status.unmerged}
+_LETTER = {"A": ChangeStatus.added, "M": ChangeStatus.modified, "D": ChangeStatus.deleted,
+           "R": ChangeStatus.renamed,
+           "C": ChangeStatus.copied, "T": ChangeStatus.type_changed, "U": ChangeStatus.unmerged}
 
 
 @dataclasses.dataclass(frozen=True)
 class Change:
     path: str
-    status: Status
+    status: ChangeStatus
     source: Source
     old_path: str | None = None  # renamed/copied from
 
@@ -158,7 +159,7 @@ def parse_diff_z(out: str) -> list[Change]:
             result.append(Change(new, _LETTER[letter], Source.committed, old))
             i += 3
         else:
-            result.append(Change(fields[i + 1], _LETTER.get(letter, Status.modified), Source.committed))
+            result.append(Change(fields[i + 1], _LETTER.get(letter, ChangeStatus.modified), Source.committed))
             i += 2
     return result
 
@@ -176,12 +177,12 @@ def parse_status_z(out: str) -> list[Change]:
         xy, path = entry[:2], entry[3:]
         i += 1
         if xy == "??":
-            result.append(Change(path, Status.untracked, Source.untracked))
+            result.append(Change(path, ChangeStatus.untracked, Source.untracked))
             continue
         if xy == "!!":
             continue
         if "U" in xy or xy in ("DD", "AA"):
-            result.append(Change(path, Status.unmerged, Source.uncommitted))
+            result.append(Change(path, ChangeStatus.unmerged, Source.uncommitted))
             continue
         old = None
         if "R" in xy or "C" in xy:
@@ -191,7 +192,7 @@ def parse_status_z(out: str) -> list[Change]:
         letter = xy[0] if xy[0] not in " ." else xy[1]
         if old is not None:
             letter = "R" if "R" in xy else "C"
-        result.append(Change(path, _LETTER.get(letter, Status.modified), Source.uncommitted, old))
+        result.append(Change(path, _LETTER.get(letter, ChangeStatus.modified), Source.uncommitted, old))
     return result
 
 

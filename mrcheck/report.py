@@ -21,7 +21,7 @@ from typing import Any
 from mrcheck.config import Tier
 from mrcheck.git import Change, Changes, Source
 from mrcheck.globs import matches
-from mrcheck.tiers import Outcome, TierResult, display_command
+from mrcheck.tiers import TierOutcome, TierResult, display_command
 from probes.exits import EXIT_OK
 
 SCHEMA = 1
@@ -29,7 +29,7 @@ TOOL = "sandbox-conformance"
 PROG = f"{TOOL} mr-check"
 
 
-class Format(enum.StrEnum):
+class ReportFormat(enum.StrEnum):
     text = enum.auto()
     markdown = enum.auto()
     json = enum.auto()
@@ -90,7 +90,7 @@ class Invocation:
 
 
 @dataclasses.dataclass(frozen=True)
-class Report:
+class CheckReport:
     changes: Changes
     config: Path
     invocation: Invocation
@@ -111,25 +111,25 @@ class Report:
 
     @property
     def refused(self) -> list[tuple[TierPlan, TierResult]]:
-        return [(p, res) for p, res in self.pairs if res.outcome is Outcome.refused]
+        return [(p, res) for p, res in self.pairs if res.outcome is TierOutcome.refused]
 
     @property
     def ran(self) -> list[tuple[TierPlan, TierResult]]:
-        return [(p, res) for p, res in self.pairs if res.outcome is not Outcome.refused]
+        return [(p, res) for p, res in self.pairs if res.outcome is not TierOutcome.refused]
 
 
-def overall(results: Sequence[TierResult]) -> Outcome:
+def overall(results: Sequence[TierResult]) -> TierOutcome:
     """A red tier wins (a known failure), then an unusable tier config, then a tier that did not run.
 
     Green only when every touched tier ran and passed: no tiers touched is also green."""
     outcomes = {r.outcome for r in results}
-    for worst in (Outcome.failed, Outcome.error, Outcome.usage, Outcome.refused):
+    for worst in (TierOutcome.failed, TierOutcome.error, TierOutcome.usage, TierOutcome.refused):
         if worst in outcomes:
             return worst
-    return Outcome.passed
+    return TierOutcome.passed
 
 
-def exit_code(report: Report) -> int:
+def exit_code(report: CheckReport) -> int:
     return overall(report.results).exit_code if report.touched else EXIT_OK
 
 
@@ -141,7 +141,7 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' if n != 1 else ''}"
 
 
-def _since(r: Report) -> str:
+def _since(r: CheckReport) -> str:
     c = r.changes
     return f"since {c.base} (merge-base {_short(c.merge_base)})"
 
@@ -150,7 +150,7 @@ def _uncommitted_paths(changes: Sequence[Change]) -> set[str]:
     return {c.path for c in changes if c.source is not Source.committed}
 
 
-def tested(r: Report) -> str:
+def tested(r: CheckReport) -> str:
     """The commit tested and whether the work tree matched it: a verdict on a dirty tree is a verdict
     on files the reviewer cannot see in the merge request."""
     n = len(_uncommitted_paths(r.changes.changes))
@@ -158,13 +158,13 @@ def tested(r: Report) -> str:
     return f"tested {r.changes.head_short or _short(r.changes.head)} ({state})"
 
 
-def untouched_line(r: Report) -> str:
+def untouched_line(r: CheckReport) -> str:
     n = len({c.path for c in r.changes.changes})  # a path both committed and edited since counts once
     return (f"{PROG}: not sandbox-touching: {_plural(n, 'changed path')} {_since(r)}, {tested(r)}, "
             f"none matches a glob declared in {r.config.name}")
 
 
-def recheck_command(r: Report) -> str:
+def recheck_command(r: CheckReport) -> str:
     """mr-check itself, to re-run every touched tier on a host that can (same options)."""
     return r.invocation.command()
 
@@ -175,7 +175,7 @@ PROBE_POINTER = "For what this host lacks, run `sandbox-conformance probe` where
 ATTACH = "Run from the repository root on a host that can, and attach the last line it prints:"
 
 
-def handover_heading(r: Report) -> str:
+def handover_heading(r: CheckReport) -> str:
     names = [p.tier.name for p, _ in r.refused]
     listed = ", ".join(f"`{n}`" for n in names[:-1]) + (" and " if len(names) > 1 else "") + f"`{names[-1]}`"
     return f"Sandbox conformance: not verified here: needs {listed} run on a host that can"
@@ -221,7 +221,7 @@ def _how_markdown(c: Change) -> str:
     return f"{c.status} from `{c.old_path}`" if c.old_path else str(c.status)
 
 
-def handover_markdown(r: Report) -> str | None:
+def handover_markdown(r: CheckReport) -> str | None:
     if not r.refused:
         return None
     out: list[str] = []
@@ -237,7 +237,7 @@ def handover_markdown(r: Report) -> str | None:
     return "\n\n".join(out)
 
 
-def handover_text(r: Report) -> str | None:
+def handover_text(r: CheckReport) -> str | None:
     if not r.refused:
         return None
     out = [handover_heading(r).replace("`", ""), ""]
@@ -262,18 +262,18 @@ def _result_lines(res: TierResult) -> list[str]:
     if res.runner_verdict:
         lines.append(f"runner: {res.runner_verdict}")
     if res.reason != res.runner_verdict:
-        lines.append(f"{'why' if res.outcome is Outcome.refused else 'result'}: {res.reason}")
+        lines.append(f"{'why' if res.outcome is TierOutcome.refused else 'result'}: {res.reason}")
     lines += [f"way on: {w}" for w in res.ways_on]
     if res.failures:
         lines.append("failed:")
         lines += [f"  ! {f}" for f in res.failures]
-    if res.outcome in (Outcome.failed, Outcome.error, Outcome.usage) and res.output_tail:
+    if res.outcome in (TierOutcome.failed, TierOutcome.error, TierOutcome.usage) and res.output_tail:
         lines.append("output (tail):")
         lines += [f"  | {t}" for t in res.output_tail]
     return lines
 
 
-def render_text(r: Report) -> str:
+def render_text(r: CheckReport) -> str:
     if not r.touched:
         return untouched_line(r)
     verdict = overall(r.results)
@@ -295,7 +295,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _ran_markdown(r: Report) -> list[str]:
+def _ran_markdown(r: CheckReport) -> list[str]:
     lines = ["| verdict | tier | command | files |", "|---|---|---|---|"]
     for p, res in r.ran:
         files = "<br>".join(f"`{_cell(h.change.describe())}`" for h in p.hits)
@@ -303,7 +303,7 @@ def _ran_markdown(r: Report) -> list[str]:
                      f"| {files} |")
     for p, res in r.ran:
         lines += ["", f"- `{p.tier.name}`: {res.runner_verdict or res.reason}"]
-        shown = res.failures or (res.output_tail if res.outcome is not Outcome.passed else ())
+        shown = res.failures or (res.output_tail if res.outcome is not TierOutcome.passed else ())
         if res.failures and res.reason != res.runner_verdict:
             shown = (res.reason, *shown)
         if shown:
@@ -311,26 +311,26 @@ def _ran_markdown(r: Report) -> list[str]:
     return lines
 
 
-def render_markdown(r: Report) -> str:
+def render_markdown(r: CheckReport) -> str:
     if not r.touched:
         return untouched_line(r).replace(f"{PROG}: ", "**sandbox-conformance mr-check:** ", 1)
     verdict = overall(r.results)
     # A handover is headed by what it needs, never by the word REFUSED: that is the tool's verdict,
     # and the reader of a merge request needs the next step.
-    heading = handover_heading(r) if verdict is Outcome.refused else f"Sandbox conformance: {verdict}"
+    heading = handover_heading(r) if verdict is TierOutcome.refused else f"Sandbox conformance: {verdict}"
     lines = [f"### {heading}", "",
              f"Sandbox-touching change {_since(r)}, {tested(r)}. Commands run from the repository root."]
     if r.ran:
         lines += ["", *_ran_markdown(r)]
     hand = handover_markdown(r)
     if hand:
-        if verdict is not Outcome.refused:
+        if verdict is not TierOutcome.refused:
             lines += ["", f"#### {handover_heading(r)}"]
         lines += ["", hand]
     return "\n".join(lines).rstrip("\n")
 
 
-def _titled(hand: str | None, r: Report) -> str | None:
+def _titled(hand: str | None, r: CheckReport) -> str | None:
     return None if hand is None else f"### {handover_heading(r)}\n\n{hand}"
 
 
@@ -338,7 +338,7 @@ def _change_json(c: Change) -> dict[str, Any]:
     return {"path": c.path, "status": str(c.status), "source": str(c.source), "old_path": c.old_path}
 
 
-def to_json(r: Report) -> dict[str, Any]:
+def to_json(r: CheckReport) -> dict[str, Any]:
     c = r.changes
     doc: dict[str, Any] = {
         "schema": SCHEMA,
@@ -371,7 +371,7 @@ def to_json(r: Report) -> dict[str, Any]:
             "files": [{**_change_json(h.change), "globs": list(h.globs)} for h in p.hits],
             "outcome": str(res.outcome),
             "reason": res.reason,
-            "why": res.plain_why if res.outcome is Outcome.refused else None,
+            "why": res.plain_why if res.outcome is TierOutcome.refused else None,
             "ways_on": list(res.ways_on),
             "runner_verdict": res.runner_verdict,
             "exit_code": res.exit_code,
@@ -382,9 +382,9 @@ def to_json(r: Report) -> dict[str, Any]:
     return doc
 
 
-def render(r: Report, fmt: Format) -> str:
-    if fmt is Format.json:
+def render(r: CheckReport, fmt: ReportFormat) -> str:
+    if fmt is ReportFormat.json:
         return json.dumps(to_json(r), indent=None if not r.touched else 2)
-    if fmt is Format.markdown:
+    if fmt is ReportFormat.markdown:
         return render_markdown(r)
     return render_text(r)

@@ -55,7 +55,7 @@ LINE_CHARS = 400     # a BROKEN line quotes what the task saw, which can be long
 CGROUP_SELECTION: tuple[str, ...] = ("-m", "cgroup")
 
 
-class Outcome(enum.StrEnum):
+class TierOutcome(enum.StrEnum):
     passed = "PASS"
     failed = "FAIL"       # the tier ran and went red
     error = "ERROR"       # the tier started but gave no verdict (timeout, harness error, odd exit)
@@ -64,13 +64,13 @@ class Outcome(enum.StrEnum):
 
     @property
     def exit_code(self) -> int:
-        return {Outcome.passed: EXIT_OK, Outcome.failed: EXIT_FAIL, Outcome.error: EXIT_FAIL,
-                Outcome.refused: EXIT_UNAVAILABLE, Outcome.usage: EXIT_USAGE}[self]
+        return {TierOutcome.passed: EXIT_OK, TierOutcome.failed: EXIT_FAIL, TierOutcome.error: EXIT_FAIL,
+                TierOutcome.refused: EXIT_UNAVAILABLE, TierOutcome.usage: EXIT_USAGE}[self]
 
 
 @dataclasses.dataclass(frozen=True)
 class TierResult:
-    outcome: Outcome
+    outcome: TierOutcome
     reason: str                         # one line
     ways_on: tuple[str, ...] = ()
     runner_verdict: str | None = None   # the runner's last verdict line, verbatim
@@ -271,26 +271,26 @@ def classify_runner(done: Completed, doc: RunVerdict | None) -> TierResult:
     verdict = doc.line if doc is not None else None
     common: _Common = {"runner_verdict": verdict, "exit_code": done.returncode, "seconds": done.seconds}
     if done.timed_out:
-        return TierResult(Outcome.error, f"the runner timed out after {done.seconds:.0f}s and was killed",
+        return TierResult(TierOutcome.error, f"the runner timed out after {done.seconds:.0f}s and was killed",
                           **_report(done), **common)
     if done.not_found:
-        return TierResult(Outcome.refused, f"could not start the runner: {done.stderr.strip()}", **common)
+        return TierResult(TierOutcome.refused, f"could not start the runner: {done.stderr.strip()}", **common)
     last = done.stderr_tail(1) or f"exit {done.returncode}"
     match done.returncode:
         case 0:
-            return TierResult(Outcome.passed, verdict or "the runner exited 0", **common)
+            return TierResult(TierOutcome.passed, verdict or "the runner exited 0", **common)
         case 1:
-            return TierResult(Outcome.failed, verdict or last, **_report(done), **common)
+            return TierResult(TierOutcome.failed, verdict or last, **_report(done), **common)
         case 75:
-            return TierResult(Outcome.refused, reason or last, ways, **common)
+            return TierResult(TierOutcome.refused, reason or last, ways, **common)
         case 2 if reason:
-            return TierResult(Outcome.usage, f"the runner rejected the tier's options: {reason}",
+            return TierResult(TierOutcome.usage, f"the runner rejected the tier's options: {reason}",
                               **_report(done), **common)
         case 2:
-            return TierResult(Outcome.usage, f"the runner rejected the tier's options: {last}",
+            return TierResult(TierOutcome.usage, f"the runner rejected the tier's options: {last}",
                               **_report(done), **common)
         case _:
-            return TierResult(Outcome.error, f"the runner exited {done.returncode}: {last}",
+            return TierResult(TierOutcome.error, f"the runner exited {done.returncode}: {last}",
                               **_report(done), **common)
 
 
@@ -321,7 +321,7 @@ def cgroup_refusal(tier: Tier, mode: str | None, finding: Finding) -> TierResult
     if mode in ("container", "vm") or (finding.ok and finding.facts.get("root")):
         return None
     return TierResult(
-        Outcome.refused,
+        TierOutcome.refused,
         f"no usable cgroup root on this host, so the cgroup witnesses would only skip: "
         f"cgroup.delegation: {finding.verdict}: {finding.reason}",
         # The tier's own command under --mode vm: same profile, launcher and selection, so the way
@@ -345,11 +345,12 @@ def run_prepare(tier: Tier, root: Path, runner: Runner = run_child) -> TierResul
     common: _Common = {"exit_code": done.returncode, "seconds": done.seconds}
     report = _report(done)
     if done.timed_out:
-        return TierResult(Outcome.error, f"{what} timed out after {done.seconds:.0f}s and was killed",
+        return TierResult(TierOutcome.error, f"{what} timed out after {done.seconds:.0f}s and was killed",
                           **common, **report)
     if done.not_found:
-        return TierResult(Outcome.failed, f"{what} cannot start: {done.stderr.strip()}", **common, **report)
-    return TierResult(Outcome.failed, f"{what} exited {done.returncode}", **common, **report)
+        return TierResult(TierOutcome.failed, f"{what} cannot start: {done.stderr.strip()}", **common,
+                          **report)
+    return TierResult(TierOutcome.failed, f"{what} exited {done.returncode}", **common, **report)
 
 
 # --- command tiers -------------------------------------------------------------------------------
@@ -406,11 +407,11 @@ def run_command_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = 
     g = gate(host_mode(mode, os.environ))
     if g.mode is None:
         reason = g.reasons[0] if g.reasons else "the runner refused"
-        return TierResult(Outcome.refused, reason, g.ways_on)
+        return TierResult(TierOutcome.refused, reason, g.ways_on)
     if g.mode != "native":
         # A command of the user's runs their sandbox on this host; a container decision means native
         # is not possible here (or was not asked for), so the command would test nothing we can vouch for.
-        return TierResult(Outcome.refused,
+        return TierResult(TierOutcome.refused,
                           f"the runner would only run in a {g.mode} here ({'; '.join(g.reasons)}), "
                           "and a command tier runs on this host",
                           ("run the command on a host where `sandbox-conformance run --print-mode` "
@@ -428,14 +429,16 @@ def run_command_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = 
 def classify_command(done: Completed) -> TierResult:
     common: _Common = {"exit_code": done.returncode, "seconds": done.seconds}
     if done.not_found:
-        return TierResult(Outcome.refused, f"the command cannot start on this host: {done.stderr.strip()}",
+        return TierResult(TierOutcome.refused,
+                          f"the command cannot start on this host: {done.stderr.strip()}",
                           ("install what it needs, or run it where it is installed",), **common)
     if done.timed_out:
-        return TierResult(Outcome.error, f"the command timed out after {done.seconds:.0f}s and was killed",
+        return TierResult(TierOutcome.error,
+                          f"the command timed out after {done.seconds:.0f}s and was killed",
                           **_report(done), **common)
     if done.returncode == 0:
-        return TierResult(Outcome.passed, "the command exited 0", **common)
-    return TierResult(Outcome.failed, f"the command exited {done.returncode}", **_report(done), **common)
+        return TierResult(TierOutcome.passed, "the command exited 0", **common)
+    return TierResult(TierOutcome.failed, f"the command exited {done.returncode}", **_report(done), **common)
 
 
 def run_runner_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = run_child,
@@ -449,7 +452,8 @@ def run_runner_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = r
         # step never runs where the runner refuses (inside a sandbox, on a deployment host).
         g = gate(mode)
         if g.mode is None:
-            return TierResult(Outcome.refused, g.reasons[0] if g.reasons else "the runner refused", g.ways_on)
+            return TierResult(TierOutcome.refused, g.reasons[0] if g.reasons else "the runner refused",
+                              g.ways_on)
     failed = run_prepare(tier, root, runner)
     if failed is not None:
         return failed
@@ -461,7 +465,8 @@ def run_runner_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = r
         # the runner's verdict document: its decision asked here says why it would refuse, and a run
         # past it is judged by its exit code and output alone.
         if not tier.prepare and (g := gate(mode)).mode is None:
-            return TierResult(Outcome.refused, g.reasons[0] if g.reasons else "the runner refused", g.ways_on)
+            return TierResult(TierOutcome.refused, g.reasons[0] if g.reasons else "the runner refused",
+                              g.ways_on)
         done = runner(runner_argv(tier, mode), timeout=tier.timeout, env=runner_env(), cwd=str(root))
         return classify_runner(done, None)
     with scratch:

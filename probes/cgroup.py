@@ -46,13 +46,13 @@ def resolve_root(own: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class Layout:
+class CgroupLayout:
     name: str  # "v1" | "hybrid" | "unified" | "none"
     v2_mount: mountinfo.Mount | None  # the cgroup2 mount we resolve paths through
     conflicts: tuple[str, ...] = ()
 
 
-def decide_layout(mounts: Sequence[mountinfo.Mount], magic: Mapping[str, int | None]) -> Layout:
+def decide_layout(mounts: Sequence[mountinfo.Mount], magic: Mapping[str, int | None]) -> CgroupLayout:
     """systemd's cg_unified_cached(): statfs("/sys/fs/cgroup") is CGROUP2 -> unified; TMPFS with
     /sys/fs/cgroup/unified CGROUP2 -> hybrid; otherwise legacy. mountinfo adds cgroup2 mounts elsewhere
     and the v1 hierarchies. statfs is the kernel's answer for the path now; a mountinfo entry it
@@ -80,7 +80,7 @@ def decide_layout(mounts: Sequence[mountinfo.Mount], magic: Mapping[str, int | N
         name = "hybrid" if v1 else "unified"
     else:
         name = "v1" if v1 else "none"
-    return Layout(name, mount, tuple(conflicts))
+    return CgroupLayout(name, mount, tuple(conflicts))
 
 
 def fs_path(mount: mountinfo.Mount, cgroup: str) -> str | None:
@@ -170,7 +170,7 @@ def blockers(state: RootState, euid: int, v1_bound: Sequence[str]) -> list[str]:
     return out
 
 
-def observe_root(host: Host, path: str, *, promised: bool, layout: Layout, statfs: Statfs) -> RootState:
+def observe_root(host: Host, path: str, *, promised: bool, layout: CgroupLayout, statfs: Statfs) -> RootState:
     real = host.path(path)
     exists, is_dir = real.exists(), real.is_dir()
     mount = layout.v2_mount
@@ -238,7 +238,7 @@ def probe(host: Host, *, statfs: Statfs = statfs_magic, fs: CgroupFs | None = No
     return [cg, delegation(host, layout, root, v1_bound, statfs=statfs, fs=fs, base_evidence=ev)]
 
 
-def delegation(host: Host, layout: Layout, resolved: str | None, v1_bound: Sequence[str], *,
+def delegation(host: Host, layout: CgroupLayout, resolved: str | None, v1_bound: Sequence[str], *,
                statfs: Statfs, fs: CgroupFs | None, base_evidence: Mapping[str, str]) -> Finding:
     promised_path = host.env.get(PROMISE_ENV, "")
     promised = bool(promised_path)

@@ -166,7 +166,7 @@ class Step(enum.StrEnum):
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
+class TrialOutcome:
     """What one rung's trial did."""
 
     ok: bool
@@ -194,7 +194,7 @@ _OK_REASON = {
 }
 
 
-def classify(signals: Signals, rung: Rung, outcome: Outcome, *,
+def classify(signals: Signals, rung: Rung, outcome: TrialOutcome, *,
              earlier_failed: Rung | None = None, succeeded: frozenset[Rung] = frozenset()) -> Classification:
     """(signals, rung, outcome) -> (verdict, cause, reason). `earlier_failed`: the first rung below this
     one that failed; `succeeded`: rungs whose own trial worked (their blockers are ruled out)."""
@@ -242,12 +242,12 @@ def classify(signals: Signals, rung: Rung, outcome: Outcome, *,
                           also)
 
 
-def _at(outcome: Outcome) -> str:
+def _at(outcome: TrialOutcome) -> str:
     parts = [p for p in (outcome.step and f"at {outcome.step}", outcome.errno) if p]
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def _causes(signals: Signals, rung: Rung, outcome: Outcome, succeeded: frozenset[Rung]) -> list[Cause]:
+def _causes(signals: Signals, rung: Rung, outcome: TrialOutcome, succeeded: frozenset[Rung]) -> list[Cause]:
     """The candidates a working rung has not ruled out, strongest first."""
     out = []
     # Our own map writes (userns.map) went through the same /proc: once they failed for real (the
@@ -271,7 +271,7 @@ def _causes(signals: Signals, rung: Rung, outcome: Outcome, succeeded: frozenset
     return out
 
 
-def _candidates(s: Signals, rung: Rung, o: Outcome) -> list[Cause]:
+def _candidates(s: Signals, rung: Rung, o: TrialOutcome) -> list[Cause]:
     """Every cause the signals support, strongest first."""
     out: list[Cause] = []
     no_admin = s.cap_sys_admin is False
@@ -429,7 +429,7 @@ def _why(cause: Cause, s: Signals) -> str:
     return str(cause)
 
 
-def _untried_reason(cause: Cause, outcome: Outcome, earlier: Rung | None) -> str:
+def _untried_reason(cause: Cause, outcome: TrialOutcome, earlier: Rung | None) -> str:
     match cause:
         case Cause.no_bwrap if outcome.detail:
             return f"not tried: bwrap could not be run ({outcome.detail})"

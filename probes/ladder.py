@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from probes import bwrap as bwrap_probe
-from probes.classify import RUNGS, Cause, Outcome, Rung, Signals, Step, classify, wsl_of
+from probes.classify import RUNGS, Cause, Rung, Signals, Step, TrialOutcome, classify, wsl_of
 from probes.finding import Finding
 from probes.host import Host
 from probes.run import Background, Completed, minimal_env
@@ -334,44 +334,44 @@ BWRAP_ARGS: dict[Rung, tuple[str, ...]] = {
 _MODE = {Rung.netns: "netns", Rung.pidns_proc: "pidns", Rung.disable_userns: "nested"}
 
 
-def _failed_launch(done: Completed, step: Step) -> Outcome:
+def _failed_launch(done: Completed, step: Step) -> TrialOutcome:
     if done.timed_out:
-        return Outcome(False, step, timed_out=True, detail=f"{done.seconds:.1f}s")
+        return TrialOutcome(False, step, timed_out=True, detail=f"{done.seconds:.1f}s")
     if done.not_found:
-        return Outcome(False, Step.launch, errno_from_stderr(done.stderr) or "ENOENT")
-    return Outcome(False, step, errno_from_stderr(done.stderr))
+        return TrialOutcome(False, Step.launch, errno_from_stderr(done.stderr) or "ENOENT")
+    return TrialOutcome(False, step, errno_from_stderr(done.stderr))
 
 
-def userns_outcomes(done: Completed) -> tuple[Outcome, Outcome, dict[str, Any] | None]:
+def userns_outcomes(done: Completed) -> tuple[TrialOutcome, TrialOutcome, dict[str, Any] | None]:
     """The userns child's report -> (userns outcome, userns.map outcome, report)."""
     report = _report(done)
     if report is None or "unshare" not in report:
         first = _failed_launch(done, Step.no_report)
-        return first, Outcome(False, untried=Cause.earlier_rung), report
+        return first, TrialOutcome(False, untried=Cause.earlier_rung), report
     if report["unshare"] is not None:
-        return (Outcome(False, Step.unshare, report["unshare"]),
-                Outcome(False, untried=Cause.earlier_rung), report)
+        return (TrialOutcome(False, Step.unshare, report["unshare"]),
+                TrialOutcome(False, untried=Cause.earlier_rung), report)
     for step in (Step.setgroups, Step.uid_map, Step.gid_map):
         if report.get(str(step)) is not None:
-            return Outcome(True), Outcome(False, step, report[str(step)]), report
-    return Outcome(True), Outcome(True), report
+            return TrialOutcome(True), TrialOutcome(False, step, report[str(step)]), report
+    return TrialOutcome(True), TrialOutcome(True), report
 
 
-def bwrap_outcome(rung: Rung, done: Completed) -> tuple[Outcome, dict[str, Any] | None]:
+def bwrap_outcome(rung: Rung, done: Completed) -> tuple[TrialOutcome, dict[str, Any] | None]:
     report = _report(done)
     if report is None:
         return _failed_launch(done, Step.bwrap if done.returncode not in (0, None) else Step.no_report), None
     if rung is Rung.netns and not report.get("lo_up"):
-        return Outcome(False, Step.lo_down, detail=f"interfaces {report.get('interfaces')}"), report
+        return TrialOutcome(False, Step.lo_down, detail=f"interfaces {report.get('interfaces')}"), report
     if rung is Rung.pidns_proc and not report.get("fresh_proc"):
-        return Outcome(False, Step.proc_not_fresh), report
+        return TrialOutcome(False, Step.proc_not_fresh), report
     if rung is Rung.disable_userns:
         nested = report.get("nested_unshare")
         if nested is None:
-            return Outcome(False, Step.nested_allowed), report
+            return TrialOutcome(False, Step.nested_allowed), report
         if nested != "ENOSPC":
-            return Outcome(False, Step.nested_other, nested), report
-    return Outcome(True), report
+            return TrialOutcome(False, Step.nested_other, nested), report
+    return TrialOutcome(True), report
 
 
 def _evidence(done: Completed | None, report: Mapping[str, Any] | None,
@@ -542,7 +542,7 @@ def _fast_findings(host: Host, done: Completed, report: Mapping[str, Any] | None
                    answered: Mapping[Rung, str], outer_userns: str | None) -> list[Finding]:
     findings = []
     for rung in RUNGS:
-        result = classify(Signals(), rung, Outcome(True))
+        result = classify(Signals(), rung, TrialOutcome(True))
         extra = {"observed_by": _COMBINED_WHAT, "observed": answered[rung], "step": "", "errno": "None"}
         if rung is Rung.userns:
             extra["userns_outer"] = str(outer_userns)
@@ -572,16 +572,16 @@ def _slow_findings(host: Host, info: bwrap_probe.BwrapInfo, combined: str) -> li
 
     first, second, ureport = userns_outcomes(runs["userns"])
     signals = with_trial_context(signals, ureport)
-    outcomes: dict[Rung, Outcome] = {Rung.userns: first, Rung.userns_map: second}
+    outcomes: dict[Rung, TrialOutcome] = {Rung.userns: first, Rung.userns_map: second}
     reports: dict[Rung, dict[str, Any] | None] = {Rung.userns: ureport, Rung.userns_map: ureport}
     for rung in BWRAP_ARGS:
         if rung in runs:
             outcomes[rung], reports[rung] = bwrap_outcome(rung, runs[rung])
         elif info.path is None or info.error is not None:
             why = f"{info.path}: {info.error}" if info.path else ""
-            outcomes[rung], reports[rung] = Outcome(False, untried=Cause.no_bwrap, detail=why), None
+            outcomes[rung], reports[rung] = TrialOutcome(False, untried=Cause.no_bwrap, detail=why), None
         else:
-            outcomes[rung] = Outcome(False, untried=Cause.bwrap_too_old, detail=info.version or "")
+            outcomes[rung] = TrialOutcome(False, untried=Cause.bwrap_too_old, detail=info.version or "")
             reports[rung] = None
 
     if any(o.errno == "EAGAIN" for o in outcomes.values()) and signals.nproc_limit is not None:

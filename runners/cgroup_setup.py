@@ -42,7 +42,7 @@ CONTROLLERS = ("memory", "pids")  # what the task limits need (memory.max, memor
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
 
 
-class Mode(enum.StrEnum):
+class SetupMode(enum.StrEnum):
     container = "container"
     vm = "vm"
 
@@ -69,7 +69,7 @@ def is_kernel_thread(stat_text: str) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
-    mode: Mode
+    mode: SetupMode
     mount: Path = Path("/sys/fs/cgroup")
     proc: Path = Path("/proc")
     env: Mapping[str, str] = dataclasses.field(default_factory=lambda: dict(os.environ))
@@ -77,14 +77,14 @@ class Setup:
     runner: Runner = run
 
     def check_allowed(self) -> None:
-        if self.mode is Mode.vm and self.env.get("SANDBOX_CONFORMANCE_IN_VM") != "1":
+        if self.mode is SetupMode.vm and self.env.get("SANDBOX_CONFORMANCE_IN_VM") != "1":
             raise SetupError("--in vm outside the VM mode's guest (SANDBOX_CONFORMANCE_IN_VM is not 1): "
                              "refusing to rearrange this host's cgroup tree")
         # A container sharing the host's cgroup namespace (--cgroupns=host, or a bind of the host's
         # /sys/fs/cgroup) sees the host's whole tree at the mount root: moving "our" processes would
         # move every process of the host. Only a private namespace makes the root ours. Without cgroup
         # namespaces (kernel < 4.6) we cannot tell, so refuse.
-        if self.mode is Mode.container and initial_cgroupns(self.proc):
+        if self.mode is SetupMode.container and initial_cgroupns(self.proc):
             raise SetupError("the container shares the host's cgroup namespace: refusing to rearrange "
                                  "the host's tree (run it with --cgroupns=private)")
 
@@ -194,7 +194,7 @@ class Setup:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m runners.cgroup_setup",
                                      description="Container/VM modes only: make a delegated cgroup v2 root.")
-    parser.add_argument("--in", dest="mode", choices=[m.value for m in Mode],
+    parser.add_argument("--in", dest="mode", choices=[m.value for m in SetupMode],
                         help="where we are: required, so this never runs on a host by accident")
     parser.add_argument("--mount", type=Path, default=Path("/sys/fs/cgroup"))
     parser.epilog = "-- CMD...: after set-up, exec CMD with the root exported (and without it on failure)"
@@ -206,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        result = Setup(Mode(args.mode), mount=args.mount).run()
+        result = Setup(SetupMode(args.mode), mount=args.mount).run()
     except SetupError as e:
         print(f"sandbox-conformance: cgroup witnesses unavailable: {e}", file=sys.stderr)
         if command:

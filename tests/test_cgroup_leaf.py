@@ -18,7 +18,7 @@ from conformance.cgroup_leaf import (
     CgroupError,
     KillMethod,
     Leaf,
-    Limits,
+    LeafLimits,
     leaf_path,
     make_leaf,
     parse_keyed,
@@ -102,7 +102,7 @@ def root(tmp_path):
 
 def test_a_leaf_gets_the_limits_and_swap_off(root):
     fs = FakeCgroupFs()
-    leaf = make_leaf(root, "task-1", Limits(memory_max=32 << 20, pids_max=8), fs=fs)
+    leaf = make_leaf(root, "task-1", LeafLimits(memory_max=32 << 20, pids_max=8), fs=fs)
     assert leaf.path == root / "task-1"
     assert (leaf.path / "memory.max").read_text() == str(32 << 20)
     assert (leaf.path / "pids.max").read_text() == "8"
@@ -112,7 +112,7 @@ def test_a_leaf_gets_the_limits_and_swap_off(root):
 
 def test_no_swap_accounting_is_not_an_error(root):
     fs = FakeCgroupFs(without={"memory.swap.max"})
-    leaf = make_leaf(root, "task-1", Limits(memory_max=1 << 20), fs=fs)
+    leaf = make_leaf(root, "task-1", LeafLimits(memory_max=1 << 20), fs=fs)
     assert not (leaf.path / "memory.swap.max").exists()  # never created by our write
     assert [p.name for p, _ in fs.writes] == ["memory.max"]
 
@@ -120,7 +120,7 @@ def test_no_swap_accounting_is_not_an_error(root):
 def test_a_controller_not_enabled_is_an_error_and_leaves_nothing_behind(root):
     fs = FakeCgroupFs(without={"memory.max", "memory.swap.max"})
     with pytest.raises(CgroupError, match=r"memory controller is not enabled .*cgroup.subtree_control"):
-        make_leaf(root, "task-1", Limits(memory_max=1 << 20, pids_max=4), fs=fs)
+        make_leaf(root, "task-1", LeafLimits(memory_max=1 << 20, pids_max=4), fs=fs)
     assert not (root / "task-1").exists()
 
 
@@ -130,20 +130,20 @@ def test_a_name_that_could_leave_the_root_or_clash_is_refused(root, name):
     with pytest.raises(CgroupError, match="bad leaf name"):
         leaf_path(root, name)
     with pytest.raises(CgroupError):
-        make_leaf(root, name, Limits(), fs=FakeCgroupFs())
+        make_leaf(root, name, LeafLimits(), fs=FakeCgroupFs())
     assert sorted(p.name for p in root.parent.parent.iterdir()) == ["cg"]
     assert sorted(p.name for p in root.iterdir()) == ["cgroup.procs"]
 
 
 def test_a_leaf_is_never_reused(root):
     fs = FakeCgroupFs()
-    make_leaf(root, "task-1", Limits(), fs=fs)
+    make_leaf(root, "task-1", LeafLimits(), fs=fs)
     with pytest.raises(CgroupError, match="already exists"):
-        make_leaf(root, "task-1", Limits(), fs=fs)
+        make_leaf(root, "task-1", LeafLimits(), fs=fs)
 
 
 def test_writes_outside_the_leaf_are_refused(root):
-    leaf = make_leaf(root, "task-1", Limits(), fs=FakeCgroupFs())
+    leaf = make_leaf(root, "task-1", LeafLimits(), fs=FakeCgroupFs())
     with pytest.raises(CgroupError, match="outside the leaf"):
         leaf._write_inside("../cgroup.procs", "1")
 
@@ -151,7 +151,7 @@ def test_writes_outside_the_leaf_are_refused(root):
 def test_task_leaf_kills_with_cgroup_kill_and_removes_even_when_the_body_fails(root):
     fs = FakeCgroupFs()
     with pytest.raises(RuntimeError, match="task blew up"), \
-            task_leaf(root, "task-1", Limits(pids_max=4), fs=fs) as leaf:
+            task_leaf(root, "task-1", LeafLimits(pids_max=4), fs=fs) as leaf:
         populate(leaf, fs, [101, 102, 103])
         raise RuntimeError("task blew up")
     assert (leaf.path / "cgroup.kill", "1") in fs.writes
@@ -161,7 +161,7 @@ def test_task_leaf_kills_with_cgroup_kill_and_removes_even_when_the_body_fails(r
 
 def test_an_ebusy_rmdir_is_retried(root):
     fs = FakeCgroupFs(busy_rmdirs=2)
-    with task_leaf(root, "task-1", Limits(), fs=fs) as leaf:
+    with task_leaf(root, "task-1", LeafLimits(), fs=fs) as leaf:
         pass
     assert fs.rmdir_calls == 3
     assert not leaf.path.exists()
@@ -169,14 +169,14 @@ def test_an_ebusy_rmdir_is_retried(root):
 
 def test_a_leaf_busy_for_ever_is_an_error_after_the_timeout(root):
     fs = FakeCgroupFs(busy_rmdirs=10**6)
-    leaf = make_leaf(root, "task-1", Limits(), fs=fs)
+    leaf = make_leaf(root, "task-1", LeafLimits(), fs=fs)
     with pytest.raises(CgroupError, match=r"rmdir .*EBUSY"):
         leaf.remove(timeout=0.1)
 
 
 def test_without_cgroup_kill_the_leaf_is_frozen_and_each_pid_sigkilled(root):
     fs = FakeCgroupFs(without={"cgroup.kill"})
-    leaf = make_leaf(root, "task-1", Limits(), fs=fs)
+    leaf = make_leaf(root, "task-1", LeafLimits(), fs=fs)
     populate(leaf, fs, [201, 202])
     assert leaf.kill(timeout=2) is KillMethod.signal_loop
     assert (leaf.path / "cgroup.freeze", "1") in fs.writes
@@ -186,14 +186,14 @@ def test_without_cgroup_kill_the_leaf_is_frozen_and_each_pid_sigkilled(root):
 
 def test_a_pid_that_never_leaves_is_an_error_after_the_timeout(root):
     fs = FakeCgroupFs(stubborn={301})
-    leaf = make_leaf(root, "task-1", Limits(), fs=fs)
+    leaf = make_leaf(root, "task-1", LeafLimits(), fs=fs)
     populate(leaf, fs, [301, 302])
     with pytest.raises(CgroupError, match=r"still holds pids \[301\]"):
         leaf.kill(timeout=0.1)
 
 
 def test_oom_kills_are_read_from_memory_events(root):
-    leaf = make_leaf(root, "task-1", Limits(), fs=FakeCgroupFs())
+    leaf = make_leaf(root, "task-1", LeafLimits(), fs=FakeCgroupFs())
     assert leaf.oom_kills() == 0
     (leaf.path / "memory.events").write_text("low 0\nhigh 0\nmax 35\noom 1\noom_kill 1\noom_group_kill 0\n")
     assert leaf.oom_kills() == 1
@@ -201,7 +201,7 @@ def test_oom_kills_are_read_from_memory_events(root):
 
 
 def test_the_task_reads_the_leaf_relative_to_the_mount(root):
-    leaf = make_leaf(root, "task-1", Limits(), fs=FakeCgroupFs())
+    leaf = make_leaf(root, "task-1", LeafLimits(), fs=FakeCgroupFs())
     assert leaf.cgroup_path == "/tasks/task-1"
 
 

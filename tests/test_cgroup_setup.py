@@ -16,7 +16,7 @@ from probes import mountinfo as mountinfo_mod
 from probes.cgroupfs import PROOF_LIMIT, CgroupFs, mount_at
 from probes.run import Completed
 from runners import cgroup_setup
-from runners.cgroup_setup import Mode, Setup, SetupError, is_kernel_thread
+from runners.cgroup_setup import Setup, SetupError, SetupMode, is_kernel_thread
 
 REPO = Path(__file__).resolve().parent.parent
 KTHREAD_STAT = "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 8 0 0"
@@ -101,7 +101,7 @@ def host(tmp_path):
     return mount, proc, fs
 
 
-def make(host, mode=Mode.container, env=None, runner=None) -> Setup:
+def make(host, mode=SetupMode.container, env=None, runner=None) -> Setup:
     mount, proc, fs = host
     kw = {"runner": runner} if runner else {}
     return Setup(mode, mount=mount, proc=proc, env=env or {}, fs=fs, **kw)
@@ -167,9 +167,9 @@ def test_a_v1_or_hybrid_mount_is_refused_before_any_write(host, fstype):
 def test_vm_mode_outside_the_vm_is_refused_before_any_write(host):
     mount, _, fs = host
     with pytest.raises(SetupError, match="SANDBOX_CONFORMANCE_IN_VM"):
-        make(host, Mode.vm, env={}).run()
+        make(host, SetupMode.vm, env={}).run()
     assert fs.writes == [] and not (mount / "supervisor").exists()
-    assert make(host, Mode.vm, env={"SANDBOX_CONFORMANCE_IN_VM": "1"}).run().root == mount / "tasks"
+    assert make(host, SetupMode.vm, env={"SANDBOX_CONFORMANCE_IN_VM": "1"}).run().root == mount / "tasks"
 
 
 def test_a_container_in_the_hosts_cgroup_namespace_is_refused_before_any_write(host):
@@ -231,7 +231,7 @@ def test_the_cli_in_vm_mode_on_this_host_refuses_with_exit_75(monkeypatch, capsy
 def test_this_hosts_mount_is_judged_by_its_real_type():
     """Read-only: this host is hybrid (/sys/fs/cgroup is a tmpfs), so even `--in container` refuses."""
     entry = mount_at(mountinfo_mod.parse(Path("/proc/self/mountinfo").read_text()), "/sys/fs/cgroup")
-    setup = Setup(Mode.container)
+    setup = Setup(SetupMode.container)
     if entry is None or entry.fstype != "cgroup2":
         with pytest.raises(SetupError):
             setup.mount_entry()

@@ -21,7 +21,7 @@ import pytest
 from commands import controls as controls_cmd
 from conformance import controls
 from conformance.controls import Control
-from conformance.controls_judge import Status
+from conformance.controls_judge import ControlStatus
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.integration
@@ -105,7 +105,7 @@ def test_every_control_reddens_exactly_its_witnesses_and_every_witness_is_covere
     assert list(private_tmpdir.iterdir()) == [], "the controls run left files in its TMPDIR"
 
 
-def _judge_real(chosen: list[Control]) -> controls_cmd.Report:
+def _judge_real(chosen: list[Control]) -> controls_cmd.ControlsReport:
     from conformance.harness import findings
 
     f = findings(None)["disable_userns"]
@@ -128,7 +128,7 @@ def test_a_control_that_names_the_wrong_witness_fails_in_a_real_run(reference_re
     )
     report = _judge_real([wrong])
     [v] = report.verdicts
-    assert v.status is Status.failed
+    assert v.status is ControlStatus.failed
     assert len(v.problems) == 2
     assert v.problems[0] == f"{controls.key(controls.UTS)}: left green"
     assert v.problems[1].startswith(
@@ -147,7 +147,7 @@ def test_a_control_whose_sandbox_does_not_start_is_red_for_the_wrong_reason(refe
     )
     report = _judge_real([broken])
     [v] = report.verdicts
-    assert v.status is Status.failed and v.reddened == ()
+    assert v.status is ControlStatus.failed and v.reddened == ()
     assert v.problems[0].startswith(f"{controls.key(controls.IPC)}: red for the wrong reason: error (")
     assert "harness error" in v.problems[0].lower() and "--no-such-option" in v.problems[0]
 

@@ -17,7 +17,7 @@ from conformance import bwrap_argv, controls
 from conformance import controls_judge as j
 from conformance import test_witnesses as witness_module
 from conformance.controls import Collateral, Control, Needs
-from conformance.controls_judge import Outcome, Status
+from conformance.controls_judge import ControlOutcome, ControlStatus
 from probes.exits import EXIT_FAIL, EXIT_OK, Refusal, UsageError
 from probes.run import Completed
 
@@ -65,7 +65,7 @@ def control(reddens: Sequence[str] = (A,), collateral: Sequence[Collateral] = ()
     )
 
 
-def verdict(c: Control, *cases: str) -> j.Verdict:
+def verdict(c: Control, *cases: str) -> j.ControlVerdict:
     return j.judge(c, BASELINE, j.parse_junit(junit(*cases)), collateral=[x.test for x in c.collateral])
 
 
@@ -75,26 +75,26 @@ def verdict(c: Control, *cases: str) -> j.Verdict:
 @pytest.mark.parametrize(
     ("body", "props", "expected"),
     [
-        ("", {}, Outcome.passed),
-        (assertion(), {}, Outcome.assertion),
+        ("", {}, ControlOutcome.passed),
+        (assertion(), {}, ControlOutcome.assertion),
         # The plugin's record of what an assertion saw is enough even if the message is reworded.
-        (assertion("assert 'ok' == 'EROFS'"), {"sbxc_saw": "saw ok"}, Outcome.assertion),
-        (assertion("KeyError: 'interfaces'"), {}, Outcome.crashed),
-        (HARNESS, {}, Outcome.error),
-        (HARNESS, {"sbxc_harness_error": "launcher: exited 70"}, Outcome.error),
-        (SKIP, {}, Outcome.skipped),
+        (assertion("assert 'ok' == 'EROFS'"), {"sbxc_saw": "saw ok"}, ControlOutcome.assertion),
+        (assertion("KeyError: 'interfaces'"), {}, ControlOutcome.crashed),
+        (HARNESS, {}, ControlOutcome.error),
+        (HARNESS, {"sbxc_harness_error": "launcher: exited 70"}, ControlOutcome.error),
+        (SKIP, {}, ControlOutcome.skipped),
         # --sbxc-require turns a skip into a <failure>: still a skip, never an assertion.
         (
             assertion("witness skipped under --sbxc-require"),
             {"sbxc_required_skip": "no file to hide"},
-            Outcome.skipped,
+            ControlOutcome.skipped,
         ),
         # A teardown error after a failing body: pytest writes both; the error decides.
-        (assertion() + HARNESS, {}, Outcome.error),
+        (assertion() + HARNESS, {}, ControlOutcome.error),
     ],
 )
 def test_each_testcase_is_classified_from_junit_elements_and_plugin_properties(
-    body: str, props: Mapping[str, str], expected: Outcome
+    body: str, props: Mapping[str, str], expected: ControlOutcome
 ) -> None:
     assert j.parse_junit(junit(case(A, body, **props)))[A].outcome is expected
 
@@ -113,35 +113,35 @@ def test_unreadable_or_ambiguous_junit_is_an_error_not_an_empty_result() -> None
 
 def test_a_control_that_reddens_its_test_by_an_assertion_and_nothing_else_is_ok() -> None:
     v = verdict(control(), case(A, assertion()), case(B), case(C), case(D))
-    assert v.status is Status.ok and v.problems == () and v.reddened == (A,)
+    assert v.status is ControlStatus.ok and v.problems == () and v.reddened == (A,)
 
 
 def test_a_control_that_leaves_its_test_green_fails_naming_it() -> None:
     v = verdict(control(), case(A), case(B), case(C), case(D))
-    assert v.status is Status.failed
+    assert v.status is ControlStatus.failed
     assert v.problems == (f"{A}: left green",)
 
 
 def test_a_control_that_reddens_its_test_through_a_harness_error_fails() -> None:
     v = verdict(control(), case(A, HARNESS, sbxc_harness_error="exited 70"), case(B), case(C), case(D))
-    assert v.status is Status.failed and v.reddened == ()
+    assert v.status is ControlStatus.failed and v.reddened == ()
     assert v.problems[0].startswith(f"{A}: red for the wrong reason: error (harness error: exited 70")
 
 
 def test_a_control_that_reddens_its_test_through_a_skip_fails() -> None:
     v = verdict(control(), case(A, SKIP), case(B), case(C), case(D))
-    assert v.status is Status.failed
+    assert v.status is ControlStatus.failed
     assert v.problems == (f"{A}: red for the wrong reason: skipped (the host has no file to hide)",)
 
 
 def test_a_control_whose_test_crashes_with_another_exception_fails() -> None:
     v = verdict(control(), case(A, assertion("KeyError: 'tcp'")), case(B), case(C), case(D))
-    assert v.status is Status.failed and "crashed (KeyError: 'tcp')" in v.problems[0]
+    assert v.status is ControlStatus.failed and "crashed (KeyError: 'tcp')" in v.problems[0]
 
 
 def test_a_control_with_unexpected_collateral_fails_naming_the_collateral() -> None:
     v = verdict(control(), case(A, assertion()), case(B, assertion()), case(C), case(D, SKIP))
-    assert v.status is Status.failed and v.reddened == (A,)
+    assert v.status is ControlStatus.failed and v.reddened == (A,)
     assert [p.split(":")[0] for p in v.problems] == [B, D]
     assert "undeclared collateral: passed in the baseline, assertion" in v.problems[0]
 
@@ -149,12 +149,12 @@ def test_a_control_with_unexpected_collateral_fails_naming_the_collateral() -> N
 def test_a_control_with_declared_collateral_is_ok_and_reports_what_it_saw() -> None:
     c = control(collateral=[Collateral(f"test_witnesses.py::{B}", "same mount")])
     v = verdict(c, case(A, assertion()), case(B, assertion()), case(C), case(D))
-    assert v.status is Status.ok and v.collateral_seen == (B,)
+    assert v.status is ControlStatus.ok and v.collateral_seen == (B,)
 
 
 def test_a_witness_missing_from_the_controls_run_is_a_change() -> None:
     v = verdict(control(), case(A, assertion()), case(B), case(C))
-    assert v.status is Status.failed and v.problems == (
+    assert v.status is ControlStatus.failed and v.problems == (
         f"{D}: undeclared collateral: passed in the baseline, did not run here",
     )
 
@@ -163,14 +163,14 @@ def test_a_named_witness_the_baseline_lacks_or_did_not_pass_fails_the_control() 
     baseline = j.parse_junit(junit(case(A, SKIP), case(B)))
     run = j.parse_junit(junit(case(A, assertion()), case(B)))
     v = j.judge(control(reddens=(A, "test_renamed")), baseline, run)
-    assert v.status is Status.failed
+    assert v.status is ControlStatus.failed
     assert v.problems[0].startswith(f"{A}: did not pass in the baseline (skipped")
     assert v.problems[1].startswith("test_renamed: no such witness in the baseline")
 
 
 def test_a_run_without_junit_results_fails_with_the_reason() -> None:
     v = j.judge(control(), BASELINE, None, run_problem="timed out after 120s")
-    assert v.status is Status.failed and v.problems == (
+    assert v.status is ControlStatus.failed and v.problems == (
         "no JUnit results from the witness run: timed out after 120s",
     )
 
@@ -194,8 +194,8 @@ def test_coverage_lists_each_witness_as_controlled_justified_or_neither() -> Non
     c2 = Control("c2", "other", reddens=("test_witnesses.py::test_e",), perturb="ipc_shared")
     unrun = Control("c3", "not chosen", reddens=("test_witnesses.py::test_c",), perturb="uts_shared")
     verdicts = {
-        "synthetic": j.Verdict("synthetic", Status.ok, reddened=(A,)),
-        "c2": j.Verdict("c2", Status.failed, ("test_e: left green",)),
+        "synthetic": j.ControlVerdict("synthetic", ControlStatus.ok, reddened=(A,)),
+        "c2": j.ControlVerdict("c2", ControlStatus.failed, ("test_e: left green",)),
     }
     cov = {c.test: c for c in j.coverage(baseline, [c1, c2], verdicts, {B: "cannot be perturbed"}, [unrun])}
     assert (cov[A].status, cov[A].controls) == ("controlled", ("synthetic",))
@@ -261,7 +261,7 @@ class FakeWitness:
         return controls_cmd.Run(j.parse_junit(text))
 
 
-def _execute(witness: FakeWitness, chosen: Sequence[Control], **kw: object) -> controls_cmd.Report:
+def _execute(witness: FakeWitness, chosen: Sequence[Control], **kw: object) -> controls_cmd.ControlsReport:
     return controls_cmd.execute(
         witness,
         chosen,
@@ -286,7 +286,8 @@ def test_the_command_exits_0_when_every_control_behaves_and_1_naming_one_that_do
     assert report.exit_code == EXIT_OK
     report = _execute(fake, [good, bad])
     assert report.exit_code == EXIT_FAIL
-    assert [(v.control, v.status) for v in report.verdicts] == [("good", Status.ok), ("bad", Status.failed)]
+    assert [(v.control, v.status) for v in report.verdicts] == [("good", ControlStatus.ok), ("bad",
+                                                                                             ControlStatus.failed)]
     assert any(
         "control bad: FAILED" in line for line in controls_cmd.human(report, {"good": good, "bad": bad})
     )
@@ -309,7 +310,7 @@ def test_a_full_run_fails_when_a_witness_is_neither_controlled_nor_justified() -
         }
     )
     report = _execute(fake, [good], unsandboxed=True, partial=False)
-    assert report.unsandboxed is not None and report.unsandboxed.status is Status.ok
+    assert report.unsandboxed is not None and report.unsandboxed.status is ControlStatus.ok
     assert [c.status for c in report.coverage] == ["controlled", "NEITHER"]
     assert report.exit_code == EXIT_FAIL
     assert _execute(fake, [good], unsandboxed=True, partial=True).exit_code == EXIT_OK
@@ -336,7 +337,8 @@ def test_the_limits_control_needs_a_cgroup_root_and_names_exactly_the_limit_witn
         cgroup_root=(False, "cgroup.delegation: unsupported: hybrid layout"),
     )
     assert fake.calls == [()]
-    assert report.verdicts[0].status is Status.not_applicable and "hybrid layout" in report.verdicts[0].reason
+    assert report.verdicts[0].status is ControlStatus.not_applicable
+    assert "hybrid layout" in report.verdicts[0].reason
     fake = FakeWitness({(): junit(case(A)), ("--perturb", "limits_dropped"): junit(case(A))})
     controls_cmd.execute(
         fake, [dropped], with_unsandboxed=False, disable_userns=(True, ""), jobs=1, partial=True,
@@ -375,7 +377,7 @@ def test_a_not_applicable_control_is_not_run() -> None:
     fake = FakeWitness({(): junit(case(A))})
     report = _execute(fake, [nested], disable_userns=False)
     assert fake.calls == [()]
-    assert report.verdicts[0].status is Status.not_applicable and report.exit_code == EXIT_OK
+    assert report.verdicts[0].status is ControlStatus.not_applicable and report.exit_code == EXIT_OK
 
 
 @pytest.mark.parametrize("only", ["nope", "ipc_shared,nope", ","])

@@ -35,7 +35,7 @@ import psutil
 import pytest
 
 from probes import owner
-from probes.classify import Cause, Outcome, Rung, Signals, Step, classify
+from probes.classify import Cause, Rung, Signals, Step, TrialOutcome, classify
 from probes.finding import Verdict
 from runners.vm import image as vm_image
 from runners.vm import qemu as vm
@@ -583,17 +583,19 @@ AFTER_USERNS = frozenset({Rung.userns, Rung.userns_map, Rung.netns, Rung.pidns_p
     # Root, Debian's sysctl at 0: its own namespaces work, --disable-userns's nested one does not
     # (was: unclassified).
     (Signals(euid=0, cap_eff=ADMIN, unprivileged_userns_clone=0, max_user_namespaces=100),
-     Rung.disable_userns, Outcome(False, Step.bwrap, "EPERM"), AFTER_USERNS, Cause.unprivileged_userns_clone),
+     Rung.disable_userns, TrialOutcome(False, Step.bwrap,
+                                       "EPERM"), AFTER_USERNS, Cause.unprivileged_userns_clone),
     # The same as root with a setuid bwrap: root is not in setuid mode (was: setuid_bwrap).
     (Signals(euid=0, cap_eff=ADMIN, unprivileged_userns_clone=0, max_user_namespaces=100, bwrap_setuid=True),
-     Rung.disable_userns, Outcome(False, Step.bwrap, "EPERM"), AFTER_USERNS, Cause.unprivileged_userns_clone),
+     Rung.disable_userns, TrialOutcome(False, Step.bwrap,
+                                       "EPERM"), AFTER_USERNS, Cause.unprivileged_userns_clone),
     # A user, the sysctl at 0 and a setuid bwrap: bwrap's namespaces work (setuid), --disable-userns
     # cannot write the limit in setuid mode (was: unprivileged_userns_clone, also setuid_bwrap).
     (Signals(euid=1000, cap_eff=0, unprivileged_userns_clone=0, max_user_namespaces=100, bwrap_setuid=True),
-     Rung.disable_userns, Outcome(False, Step.bwrap, "EACCES"), frozenset({Rung.netns, Rung.pidns_proc}),
+     Rung.disable_userns, TrialOutcome(False, Step.bwrap, "EACCES"), frozenset({Rung.netns, Rung.pidns_proc}),
      Cause.setuid_bwrap),
 ])
-def test_the_causes_the_lab_proved(signals: Signals, rung: Rung, outcome: Outcome, succeeded: frozenset,
+def test_the_causes_the_lab_proved(signals: Signals, rung: Rung, outcome: TrialOutcome, succeeded: frozenset,
                                    cause: Cause) -> None:
     got = classify(signals, rung, outcome, succeeded=succeeded,
                    earlier_failed=None if Rung.userns in succeeded else Rung.userns)
@@ -603,5 +605,6 @@ def test_the_causes_the_lab_proved(signals: Signals, rung: Rung, outcome: Outcom
 
 def test_a_root_run_is_never_in_setuid_mode() -> None:
     s = Signals(euid=0, cap_eff=ADMIN, bwrap_setuid=True, max_user_namespaces=100)
-    got = classify(s, Rung.netns, Outcome(False, Step.bwrap, "EPERM"), succeeded=frozenset({Rung.userns}))
+    got = classify(s, Rung.netns, TrialOutcome(False, Step.bwrap, "EPERM"),
+                   succeeded=frozenset({Rung.userns}))
     assert Cause.setuid_bwrap not in (got.cause, *got.also), got

@@ -20,10 +20,10 @@ from probes import ladder
 from probes.classify import (
     RUNGS,
     Cause,
-    Outcome,
     Rung,
     Signals,
     Step,
+    TrialOutcome,
     apparmor_enforcing,
     apparmor_mode,
     classify,
@@ -700,28 +700,29 @@ def test_no_combined_report_answers_nothing() -> None:
 
 @pytest.mark.parametrize(("signals", "rung", "outcome", "expected"), [
     # ENOSPC: local 0 is the sysctl; local non-zero means a parent disabled nesting.
-    (Signals(max_user_namespaces=0), Rung.userns, Outcome(False, Step.unshare, "ENOSPC"),
+    (Signals(max_user_namespaces=0), Rung.userns, TrialOutcome(False, Step.unshare, "ENOSPC"),
      (D, Cause.max_user_namespaces)),
-    (Signals(max_user_namespaces=5), Rung.userns, Outcome(False, Step.unshare, "ENOSPC"), (D, Cause.nested)),
+    (Signals(max_user_namespaces=5), Rung.userns, TrialOutcome(False, Step.unshare, "ENOSPC"), (D,
+                                                                                                Cause.nested)),
     # CAP_SYS_ADMIN exempts from AppArmor's restriction and from Docker's seccomp rule.
     (Signals(apparmor_restrict=1, cap_eff=int(ROOT_CAPS, 16)), Rung.userns_map,
-     Outcome(False, Step.uid_map, "EPERM"), (D, Cause.unclassified)),
-    (Signals(seccomp=2, cap_eff=int(ROOT_CAPS, 16)), Rung.userns, Outcome(False, Step.unshare, "EPERM"),
+     TrialOutcome(False, Step.uid_map, "EPERM"), (D, Cause.unclassified)),
+    (Signals(seccomp=2, cap_eff=int(ROOT_CAPS, 16)), Rung.userns, TrialOutcome(False, Step.unshare, "EPERM"),
      (D, Cause.unclassified)),
-    (Signals(seccomp=2, cap_eff=0, euid=1000), Rung.userns, Outcome(False, Step.unshare, "EPERM"),
+    (Signals(seccomp=2, cap_eff=0, euid=1000), Rung.userns, TrialOutcome(False, Step.unshare, "EPERM"),
      (D, Cause.seccomp)),
     # Masks only explain the procfs rung.
-    (Signals(proc_masks=("/proc/kcore",)), Rung.netns, Outcome(False, Step.bwrap, "EPERM"),
+    (Signals(proc_masks=("/proc/kcore",)), Rung.netns, TrialOutcome(False, Step.bwrap, "EPERM"),
      (D, Cause.unclassified)),
-    (Signals(proc_masks=("/proc/kcore",)), Rung.pidns_proc, Outcome(False, Step.bwrap, "EPERM"),
+    (Signals(proc_masks=("/proc/kcore",)), Rung.pidns_proc, TrialOutcome(False, Step.bwrap, "EPERM"),
      (D, Cause.masked_proc)),
     # EAGAIN with neither limit near: no cause invented.
-    (Signals(), Rung.netns, Outcome(False, Step.bwrap, "EAGAIN"), (D, Cause.unclassified)),
-    (Signals(), Rung.netns, Outcome(False, Step.bwrap, None), (UNK, Cause.unclassified)),
-    (Signals(kernel_userns=False), Rung.userns, Outcome(False, Step.unshare, "EINVAL"),
+    (Signals(), Rung.netns, TrialOutcome(False, Step.bwrap, "EAGAIN"), (D, Cause.unclassified)),
+    (Signals(), Rung.netns, TrialOutcome(False, Step.bwrap, None), (UNK, Cause.unclassified)),
+    (Signals(kernel_userns=False), Rung.userns, TrialOutcome(False, Step.unshare, "EINVAL"),
      (U, Cause.no_kernel_userns)),
 ])
-def test_classify_table(signals: Signals, rung: Rung, outcome: Outcome,
+def test_classify_table(signals: Signals, rung: Rung, outcome: TrialOutcome,
                         expected: tuple[Verdict, Cause]) -> None:
     got = classify(signals, rung, outcome)
     assert (got.verdict, got.cause) == expected
@@ -730,7 +731,7 @@ def test_classify_table(signals: Signals, rung: Rung, outcome: Outcome,
 def test_a_blocker_ruled_out_by_a_working_rung_is_not_blamed() -> None:
     """unprivileged_userns_clone=0 cannot explain a bwrap failure when our own unshare worked."""
     s = Signals(unprivileged_userns_clone=0, euid=1000, cap_eff=0)
-    outcome = Outcome(False, Step.bwrap, None)
+    outcome = TrialOutcome(False, Step.bwrap, None)
     assert classify(s, Rung.netns, outcome).cause is Cause.unprivileged_userns_clone
     assert classify(s, Rung.netns, outcome, succeeded=frozenset({Rung.userns})).cause is Cause.unclassified
     got = classify(s, Rung.netns, outcome, earlier_failed=Rung.userns_map,
@@ -802,7 +803,7 @@ def test_a_read_only_proc_sys_does_not_lead_where_the_user_namespace_was_refused
     bwrap's --disable-userns write happens inside the namespace it could not create, so seccomp, the
     earlier rung's cause, leads; the read-only /proc/sys stays among the weaker ones."""
     signals = Signals(euid=1000, cap_eff=0, seccomp=2, proc_sys_readonly=True)  # no CAP_SYS_ADMIN
-    failed = Outcome(False, Step.bwrap, None)  # bwrap failed before our program ran, no errno
+    failed = TrialOutcome(False, Step.bwrap, None)  # bwrap failed before our program ran, no errno
     c = classify(signals, Rung.disable_userns, failed, earlier_failed=Rung.userns)
     assert (c.cause, c.also) == (Cause.seccomp, (Cause.readonly_proc_sys,)), c
     # With every earlier rung working, the read-only /proc/sys is still the cause (the nspawn shape).

@@ -15,10 +15,10 @@ import pytest
 
 from mrcheck import tiers as mr_tiers
 from mrcheck.config import ConfigError, MissingConfig, Tier, TierKind, load, parse
-from mrcheck.git import Change, Source, Status, collect
+from mrcheck.git import Change, ChangeStatus, Source, collect
 from mrcheck.globs import GlobError, compile_glob, matches
 from mrcheck.report import plan
-from mrcheck.tiers import Gate, Outcome, TierResult, classify_runner, run_tier
+from mrcheck.tiers import Gate, TierOutcome, TierResult, classify_runner, run_tier
 from probes.finding import Finding, Verdict
 from probes.run import Completed, minimal_env, run
 from runners.run_verdict import RunVerdict
@@ -141,16 +141,16 @@ def test_git_z_output_is_parsed_without_quoting_or_splitting_paths() -> None:
     from mrcheck.git import parse_diff_z, parse_status_z
     diff = "M\0a b.py\0R087\0old\nname\0new name\0D\0gone\0"
     assert parse_diff_z(diff) == [
-        Change("a b.py", Status.modified, Source.committed),
-        Change("new name", Status.renamed, Source.committed, "old\nname"),
-        Change("gone", Status.deleted, Source.committed)]
+        Change("a b.py", ChangeStatus.modified, Source.committed),
+        Change("new name", ChangeStatus.renamed, Source.committed, "old\nname"),
+        Change("gone", ChangeStatus.deleted, Source.committed)]
     status = "RM new\0old\0 D wt-deleted\0UU both\0?? fresh dir/f\0A  staged\0"
     assert parse_status_z(status) == [
-        Change("new", Status.renamed, Source.uncommitted, "old"),
-        Change("wt-deleted", Status.deleted, Source.uncommitted),
-        Change("both", Status.unmerged, Source.uncommitted),
-        Change("fresh dir/f", Status.untracked, Source.untracked),
-        Change("staged", Status.added, Source.uncommitted)]
+        Change("new", ChangeStatus.renamed, Source.uncommitted, "old"),
+        Change("wt-deleted", ChangeStatus.deleted, Source.uncommitted),
+        Change("both", ChangeStatus.unmerged, Source.uncommitted),
+        Change("fresh dir/f", ChangeStatus.untracked, Source.untracked),
+        Change("staged", ChangeStatus.added, Source.uncommitted)]
 
 
 # --- the runner's answer -> a tier result ---------------------------------------------------------
@@ -171,19 +171,19 @@ DEPLOYMENT = _doc("REFUSED", 75, "this is a deployment host (signature matched: 
 
 
 @pytest.mark.parametrize(("done", "doc", "outcome"), [
-    (_done(0), _doc("PASS", 0), Outcome.passed),
-    (_done(1), _doc("FAIL", 1), Outcome.failed),
-    (_done(75), DEPLOYMENT, Outcome.refused),
-    (_done(2), _doc("ERROR", 2, "--profile p.toml: no such file"), Outcome.usage),
-    (_done(None, timed_out=True), None, Outcome.error),
-    (_done(-9), None, Outcome.error),
-    (_done(127, "python: not found", not_found=True), None, Outcome.refused),
+    (_done(0), _doc("PASS", 0), TierOutcome.passed),
+    (_done(1), _doc("FAIL", 1), TierOutcome.failed),
+    (_done(75), DEPLOYMENT, TierOutcome.refused),
+    (_done(2), _doc("ERROR", 2, "--profile p.toml: no such file"), TierOutcome.usage),
+    (_done(None, timed_out=True), None, TierOutcome.error),
+    (_done(-9), None, TierOutcome.error),
+    (_done(127, "python: not found", not_found=True), None, TierOutcome.refused),
     # The exit code decides: a document that disagrees with it (a stale file) never makes a run green.
-    (_done(1), _doc("PASS", 0), Outcome.failed),
-    (_done(143), _doc("KILLED-SIGTERM", 143), Outcome.error),
+    (_done(1), _doc("PASS", 0), TierOutcome.failed),
+    (_done(143), _doc("KILLED-SIGTERM", 143), TierOutcome.error),
 ])
 def test_only_exit_zero_from_the_runner_is_green(done: Completed, doc: RunVerdict | None,
-                                                 outcome: Outcome) -> None:
+                                                 outcome: TierOutcome) -> None:
     assert classify_runner(done, doc).outcome is outcome
 
 
@@ -191,16 +191,18 @@ def test_a_refusal_keeps_the_reason_and_each_way_on_from_the_runners_document_no
     # stderr says something else entirely: it is for people, and never parsed.
     prose = "sandbox-conformance run: refused: a decoy\n  way on: a decoy way\n"
     res = classify_runner(_done(75, prose), DEPLOYMENT)
-    assert (res.outcome, res.reason, res.ways_on) == (Outcome.refused, DEPLOYMENT.reason, DEPLOYMENT.ways_on)
+    assert (res.outcome, res.reason, res.ways_on) == (TierOutcome.refused, DEPLOYMENT.reason,
+                                                      DEPLOYMENT.ways_on)
     assert res.runner_verdict == DEPLOYMENT.line
     assert "signature matched" not in res.plain_why and "deployment host" in res.plain_why
     # No document (the runner died before its end): the exit code still decides, the tail says why.
     bare = classify_runner(_done(75, prose + "last words\n"), None)
-    assert (bare.outcome, bare.reason, bare.ways_on, bare.runner_verdict) == (Outcome.refused, "last words",
+    assert (bare.outcome, bare.reason, bare.ways_on, bare.runner_verdict) == (TierOutcome.refused,
+                                                                              "last words",
                                                                               (), None)
     usage = classify_runner(_done(2, "sandbox-conformance run: whatever\n"),
                             _doc("ERROR", 2, "--timeout: no"))
-    assert usage.outcome is Outcome.usage and usage.reason.endswith(": --timeout: no")
+    assert usage.outcome is TierOutcome.usage and usage.reason.endswith(": --timeout: no")
 
 
 def test_the_runner_is_told_where_its_verdict_goes_outside_the_command_it_prints(
@@ -218,15 +220,15 @@ def test_the_runner_is_told_where_its_verdict_goes_outside_the_command_it_prints
 
 
 @pytest.mark.parametrize(("outcomes", "expected"), [
-    ([], Outcome.passed),
-    ([Outcome.passed, Outcome.passed], Outcome.passed),
-    ([Outcome.passed, Outcome.refused], Outcome.refused),
-    ([Outcome.refused, Outcome.failed], Outcome.failed),
-    ([Outcome.usage, Outcome.refused], Outcome.usage),
-    ([Outcome.error, Outcome.passed], Outcome.error),
+    ([], TierOutcome.passed),
+    ([TierOutcome.passed, TierOutcome.passed], TierOutcome.passed),
+    ([TierOutcome.passed, TierOutcome.refused], TierOutcome.refused),
+    ([TierOutcome.refused, TierOutcome.failed], TierOutcome.failed),
+    ([TierOutcome.usage, TierOutcome.refused], TierOutcome.usage),
+    ([TierOutcome.error, TierOutcome.passed], TierOutcome.error),
 ])
-def test_the_overall_verdict_is_never_green_when_a_touched_tier_did_not_pass(outcomes: list[Outcome],
-                                                                             expected: Outcome) -> None:
+def test_the_overall_verdict_is_never_green_when_a_touched_tier_did_not_pass(outcomes: list[TierOutcome],
+                                                                             expected: TierOutcome) -> None:
     from mrcheck.report import overall
     assert overall([TierResult(o, "r") for o in outcomes]) is expected
 
@@ -241,36 +243,37 @@ def test_a_refused_gate_means_the_command_never_starts(tmp_path: Path) -> None:
 
     refused = run_tier(tier, tmp_path, None, runner,
                        gate=lambda m: Gate(None, ("inside a sandbox",), ("leave",)))
-    assert (refused.outcome, refused.reason, refused.ways_on, calls) == (Outcome.refused, "inside a sandbox",
+    assert (refused.outcome, refused.reason, refused.ways_on, calls) == (TierOutcome.refused,
+                                                                         "inside a sandbox",
                                                                          ("leave",), [])
     container = run_tier(tier, tmp_path, None, runner, gate=lambda m: Gate("container", ("no bwrap",)))
-    assert container.outcome is Outcome.refused and "container" in container.reason and calls == []
+    assert container.outcome is TierOutcome.refused and "container" in container.reason and calls == []
     ran = run_tier(tier, tmp_path, None, runner, gate=lambda m: Gate("native", ("ok",)))
-    assert ran.outcome is Outcome.passed and calls == [("true",)]
+    assert ran.outcome is TierOutcome.passed and calls == [("true",)]
 
 
 def test_the_handover_names_files_tier_command_and_why_in_every_format() -> None:
     from mrcheck.git import Changes
-    from mrcheck.report import Format, Invocation, Report, render
+    from mrcheck.report import CheckReport, Invocation, ReportFormat, render
     tier = Tier("cmd|pipe", ("src/**",), TierKind.command, argv=("sh", "-c", "a | b"))
-    moved = Change("src/new.py", Status.renamed, Source.committed, "lib/old.py")
+    moved = Change("src/new.py", ChangeStatus.renamed, Source.committed, "lib/old.py")
     changes = Changes(Path("/r"), "main", "b" * 40, "m" * 40, "h" * 40, (moved,), "hhhhhhh")
-    report = Report(changes, Path("/r/pyproject.toml"), Invocation("main"), plan([tier], [moved]),
-                    (TierResult(Outcome.refused, "inside a sandbox", ("run it on the host",)),))
-    text = render(report, Format.text)
+    report = CheckReport(changes, Path("/r/pyproject.toml"), Invocation("main"), plan([tier], [moved]),
+                    (TierResult(TierOutcome.refused, "inside a sandbox", ("run it on the host",)),))
+    text = render(report, ReportFormat.text)
     assert "  - src/new.py (renamed from lib/old.py)" in text
     assert "Tier cmd|pipe (a command of the project's) covers:" in text and "    sh -c 'a | b'" in text
     assert "Why not here: inside a sandbox." in text and "way on: run it on the host" in text
     assert "sandbox-conformance mr-check --base main" in text
-    md = render(report, Format.markdown)
+    md = render(report, ReportFormat.markdown)
     assert "- `src/new.py` (renamed from `lib/old.py`)" in md
     assert "```sh\nsh -c 'a | b'\n```" in md                       # not escaped inside the code block
-    doc = json.loads(render(report, Format.json))
+    doc = json.loads(render(report, ReportFormat.json))
     assert doc["tiers"][0]["files"][0]["old_path"] == "lib/old.py" and doc["exit"] == 75
     # A tier that ran sits in the table, where a `|` would end the cell.
-    ran = Report(changes, Path("/r/pyproject.toml"), Invocation("main"), plan([tier], [moved]),
-                 (TierResult(Outcome.failed, "the command exited 1", output_tail=("boom",)),))
-    assert "| FAIL | `cmd\\|pipe` | `sh -c 'a \\| b'` |" in render(ran, Format.markdown)
+    ran = CheckReport(changes, Path("/r/pyproject.toml"), Invocation("main"), plan([tier], [moved]),
+                 (TierResult(TierOutcome.failed, "the command exited 1", output_tail=("boom",)),))
+    assert "| FAIL | `cmd\\|pipe` | `sh -c 'a \\| b'` |" in render(ran, ReportFormat.markdown)
 
 
 # --- temporary git repositories ---------------------------------------------------------------------
@@ -367,11 +370,11 @@ def test_renames_deletions_uncommitted_and_untracked_paths_all_count(tmp_path: P
     changes = collect(repo, None)
     assert changes.base == "main"
     by_path = {c.path: c for c in changes.changes}
-    assert by_path["src/launcher.py"] == Change("src/launcher.py", Status.renamed, Source.committed,
+    assert by_path["src/launcher.py"] == Change("src/launcher.py", ChangeStatus.renamed, Source.committed,
                                                 "src/sandbox/launch.py")
-    assert by_path["deploy/bwrap/args.py"].status is Status.deleted
+    assert by_path["deploy/bwrap/args.py"].status is ChangeStatus.deleted
     assert (by_path["src/sandbox/seccomp.json"].status, by_path["src/sandbox/seccomp.json"].source) == (
-        Status.modified, Source.uncommitted)
+        ChangeStatus.modified, Source.uncommitted)
     assert by_path["src/sandbox/new/profile.toml"].source is Source.untracked
     [p] = plan(load(repo, None).tiers, changes.changes)
     assert sorted(h.change.path for h in p.hits) == [
@@ -645,7 +648,7 @@ def test_a_cgroup_tier_is_refused_where_its_witnesses_could_only_skip(mode, root
     r = mr_tiers.cgroup_refusal(Tier("cg", ("a/**",), TierKind.cgroup), mode, _delegation(root))
     assert (r is not None) is refused
     if r is not None:
-        assert r.outcome is Outcome.refused and "hybrid layout" in r.reason
+        assert r.outcome is TierOutcome.refused and "hybrid layout" in r.reason
         assert any("--mode vm" in w for w in r.ways_on), r.ways_on
 
 

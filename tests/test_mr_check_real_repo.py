@@ -32,9 +32,9 @@ from test_mr_check import (
 
 from mrcheck import tiers as mr_tiers
 from mrcheck.config import ConfigError, Tier, TierKind, parse, resolve_launcher
-from mrcheck.git import Change, Changes, Source, Status
-from mrcheck.report import Format, Invocation, Report, plan, render
-from mrcheck.tiers import Outcome, TierResult, classify_runner
+from mrcheck.git import Change, Changes, ChangeStatus, Source
+from mrcheck.report import CheckReport, Invocation, ReportFormat, plan, render
+from mrcheck.tiers import TierOutcome, TierResult, classify_runner
 from probes.run import Completed, run
 from runners.run_verdict import RunVerdict
 
@@ -269,15 +269,16 @@ def test_a_red_run_leads_with_the_harness_error_and_the_broken_promises_in_every
     assert "warnings summary" not in tail and "PytestAssertRewriteWarning" not in tail
     assert "::test_" not in tail and "1 failed, 2 errors" in tail
     tier = Tier("w", ("src/**",), TierKind.witness)
-    change = Change("src/a.py", Status.modified, Source.committed)
+    change = Change("src/a.py", ChangeStatus.modified, Source.committed)
     changes = Changes(Path("/r"), "main", "b" * 40, "m" * 40, "h" * 40, (change,), "hhhhhhh")
-    report = Report(changes, Path("/r/pyproject.toml"), Invocation("main"), plan([tier], [change]), (res,))
-    text = render(report, Format.text)
+    report = CheckReport(changes, Path("/r/pyproject.toml"), Invocation("main"), plan([tier], [change]),
+                         (res,))
+    text = render(report, ReportFormat.text)
     assert text.index("! harness error: launcher 'x'") < text.index("! masked {state}/db: BROKEN") \
         < text.index("output (tail):")
-    md = render(report, Format.markdown)
+    md = render(report, ReportFormat.markdown)
     assert "```text\n  harness error: launcher 'x'" in md and "masked {state}/db: BROKEN" in md
-    doc = json.loads(render(report, Format.json))
+    doc = json.loads(render(report, ReportFormat.json))
     assert doc["tiers"][0]["failures"] == list(res.failures)
 
 
@@ -477,13 +478,13 @@ def test_the_handover_says_why_in_plain_words_without_probe_internals() -> None:
     tier = Tier("cgroup-limits", ("deploy/**",), TierKind.cgroup)
     res = mr_tiers.cgroup_refusal(tier, None, internal)
     assert res is not None and "/sys/fs/cgroup/unified" in res.reason  # kept for the text report
-    change = Change("deploy/cgroup.toml", Status.added, Source.committed)
+    change = Change("deploy/cgroup.toml", ChangeStatus.added, Source.committed)
     changes = Changes(Path("/r"), "main", "b" * 40, "m" * 40, "h" * 40, (change,), "hhhhhhh")
-    report = Report(changes, Path("/r/pyproject.toml"), Invocation("main", repo=Path("/r")),
+    report = CheckReport(changes, Path("/r/pyproject.toml"), Invocation("main", repo=Path("/r")),
                     plan([tier], [change]), (res,))
-    for fmt in (Format.markdown, Format.text):
+    for fmt in (ReportFormat.markdown, ReportFormat.text):
         hand = render(report, fmt)
-        if fmt is Format.text:
+        if fmt is ReportFormat.text:
             hand = hand.split("Handover (paste into the merge request):", 1)[1]
         [why] = [ln for ln in hand.splitlines() if ln.startswith("Why not here:")]
         assert "/sys/fs" not in why and "cgroup.delegation" not in why and "skip" in why, why
@@ -501,7 +502,7 @@ def test_the_handover_says_why_in_plain_words_without_probe_internals() -> None:
 ])
 def test_a_refusal_reason_in_plain_words(reason: str, plain: str) -> None:
     assert mr_tiers.plain_words(reason) == plain
-    assert TierResult(Outcome.refused, reason).plain_why == plain
+    assert TierResult(TierOutcome.refused, reason).plain_why == plain
 
 
 # --- 9. a shallow clone ----------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from witness_cli import witness
 
 from commands import controls as controls_cmd
 from conformance import observer
-from conformance.controls_judge import Status, Verdict
+from conformance.controls_judge import ControlStatus, ControlVerdict
 from conformance.harness import HarnessError, check_document
 from conformance.plan import Plan
 from probes import mountinfo
@@ -96,7 +96,7 @@ def test_a_document_from_another_launch_or_for_another_plan_is_a_harness_error()
 
 
 class _Report:
-    def __init__(self, verdicts: list[Verdict], coverage: list[object]) -> None:
+    def __init__(self, verdicts: list[ControlVerdict], coverage: list[object]) -> None:
         self.verdicts, self.coverage, self.exit_code, self.partial = verdicts, coverage, 0, False
 
 
@@ -106,7 +106,7 @@ class _Cov:
 
 
 def test_controls_under_require_fail_on_what_could_not_run(capsys: pytest.CaptureFixture[str]) -> None:
-    na = Verdict("limits_dropped", Status.not_applicable, reason="no usable cgroup root")
+    na = ControlVerdict("limits_dropped", ControlStatus.not_applicable, reason="no usable cgroup root")
     report = _Report([na], [_Cov("test_x", "not_run")])
     assert controls_cmd.required(report, env={}) == 0  # type: ignore[arg-type]
     assert controls_cmd.required(report, env={"SANDBOX_CONFORMANCE_REQUIRE": "1"}) == 1  # type: ignore[arg-type]

@@ -228,7 +228,7 @@ def test_a_controller_held_by_cgroup_v1_is_named_as_the_reason(tmp_path: Path, p
                                                                 why: str) -> None:
     """What this host's container really hits: its cgroup2 side offers neither memory nor pids, because
     the kernel bound them to v1 (/proc/cgroups is global, so the container sees the host's bindings)."""
-    from runners.cgroup_setup import Mode, Setup, SetupError
+    from runners.cgroup_setup import Setup, SetupError, SetupMode
 
     cgroup, proc = tmp_path / "cg", tmp_path / "proc"
     cgroup.mkdir()
@@ -238,7 +238,7 @@ def test_a_controller_held_by_cgroup_v1_is_named_as_the_reason(tmp_path: Path, p
     if proc_cgroups is not None:
         (proc / "cgroups").write_text(proc_cgroups)
     with pytest.raises(SetupError) as e:
-        Setup(Mode.container, mount=cgroup, proc=proc, env={}).enable(cgroup)
+        Setup(SetupMode.container, mount=cgroup, proc=proc, env={}).enable(cgroup)
     assert f"lacks memory pids (has: hugetlb): {why}" in str(e.value)
     assert (cgroup / "cgroup.subtree_control").read_text() == ""  # refused before any write
 

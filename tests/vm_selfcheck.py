@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conformance.cgroup_leaf import CgroupError, Limits, task_leaf, unique_name
-from runners.cgroup_setup import Mode, Setup, SetupError
+from conformance.cgroup_leaf import CgroupError, LeafLimits, task_leaf, unique_name
+from runners.cgroup_setup import Setup, SetupError, SetupMode
 
 PY = "/usr/bin/python3"
 MB = 1 << 20
@@ -63,7 +63,7 @@ def oom(root: Path, memory_max: int | None = 32 * MB) -> dict[str, object]:
     """memory_max=None is the negative control: the same allocation in a leaf without the limit."""
     # b"x" * n writes every page; a bytearray(n) would be calloc'd zero pages never touched.
     code = "data = b'x' * (200 << 20); print(len(data))"
-    with task_leaf(root, unique_name("oom"), Limits(memory_max=memory_max, pids_max=16)) as leaf:
+    with task_leaf(root, unique_name("oom"), LeafLimits(memory_max=memory_max, pids_max=16)) as leaf:
         done = subprocess.run([*leaf.enter_argv(), PY, "-I", "-S", "-c", code], capture_output=True,
                               text=True, timeout=TIMEOUT)
         return {"returncode": done.returncode, "stdout": done.stdout.strip(),
@@ -98,7 +98,7 @@ print(forked, refused or "-")
 
 def pids(root: Path, pids_max: int | None = 8) -> dict[str, object]:
     """pids_max=None is the negative control: all 64 forks succeed."""
-    with task_leaf(root, unique_name("pids"), Limits(memory_max=256 * MB, pids_max=pids_max)) as leaf:
+    with task_leaf(root, unique_name("pids"), LeafLimits(memory_max=256 * MB, pids_max=pids_max)) as leaf:
         done = subprocess.run([*leaf.enter_argv(), PY, "-I", "-S", "-c", FORKER], capture_output=True,
                               text=True, timeout=TIMEOUT)
         forked, refused = [*done.stdout.split(), "", ""][:2]
@@ -112,7 +112,7 @@ def kill(root: Path) -> dict[str, object]:
     # session (setsid): only a cgroup-wide kill catches all of them.
     tree = "sleep 600 & sleep 600 & setsid sh -c 'sleep 600 & wait' & wait"
     tree_size = 5  # sh, two sleeps, the setsid sh and its sleep
-    with task_leaf(root, unique_name("kill"), Limits(pids_max=32)) as leaf:
+    with task_leaf(root, unique_name("kill"), LeafLimits(pids_max=32)) as leaf:
         proc = subprocess.Popen([*leaf.enter_argv(), "/bin/sh", "-c", tree], start_new_session=True)
         try:
             deadline = time.monotonic() + 30
@@ -152,7 +152,7 @@ print(json.dumps(out))
 
 
 def bwrap(root: Path, user: str) -> dict[str, object]:
-    limits = Limits(memory_max=256 * MB, pids_max=32)
+    limits = LeafLimits(memory_max=256 * MB, pids_max=32)
     with task_leaf(root, unique_name("neighbour"), limits) as neighbour, \
             task_leaf(root, unique_name("bwrap"), limits) as leaf:
         argv = [*leaf.enter_argv(),
@@ -188,7 +188,7 @@ def main() -> int:
     report: dict[str, object] = {"kernel": os.uname().release, "hierarchy": part("hierarchy", hierarchy),
                                  "loopback": part("loopback", loopback)}
     try:
-        setup = Setup(Mode.vm).run()
+        setup = Setup(SetupMode.vm).run()
         report["setup"] = {"root": str(setup.root), "moved": len(setup.moved), "remounted": setup.remounted}
         root = setup.root
     except SetupError as e:

@@ -68,14 +68,14 @@ HOLDER = "import sys; sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdi
 BWRAP_EXIT_TIMEOUT = 20.0
 
 
-class SetupError(Exception):
+class SandboxSetupError(Exception):
     """The perturbed sandbox could not be set up: the witness run reports a harness error."""
 
 
 def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     argv = list(argv)
     if "--" not in argv:
-        raise SetupError("expected `-- CMD...` after the options")
+        raise SandboxSetupError("expected `-- CMD...` after the options")
     cut = argv.index("--")
     p = argparse.ArgumentParser(prog="conformance.control_launchers.reference")
     p.add_argument("--disable-userns", action="store_true")
@@ -94,7 +94,7 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     args = p.parse_args(argv[:cut])
     cmd = argv[cut + 1 :]
     if not cmd:
-        raise SetupError("no command after --")
+        raise SandboxSetupError("no command after --")
     return args, cmd
 
 
@@ -103,7 +103,7 @@ def _spec() -> dict[str, object]:
 
     name = os.environ.get(SPEC_ENV)
     if not name:
-        raise SetupError(f"${SPEC_ENV} is not set: run me as the witness suite's --launcher")
+        raise SandboxSetupError(f"${SPEC_ENV} is not set: run me as the witness suite's --launcher")
     return dict(json.loads(Path(name).read_text()))
 
 
@@ -115,7 +115,7 @@ def reference_body(spec: Mapping[str, object], *, disable_userns: bool) -> tuple
     values = {k: str(spec[k]) for k in profile.PLACEHOLDERS if k in spec}
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        raise SetupError("no bwrap on PATH")
+        raise SandboxSetupError("no bwrap on PATH")
     python = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
     facts = bwrap_argv.Facts(
         bwrap=bwrap, python=python, disable_userns=disable_userns, system_links=system_links()
@@ -123,7 +123,7 @@ def reference_body(spec: Mapping[str, object], *, disable_userns: bool) -> tuple
     argv = bwrap_argv.reference_argv(profile.load(None), values, facts)
     tail = (python, "-I", "-S", "-")
     if argv[-len(tail) :] != tail:
-        raise SetupError(f"the reference argv no longer ends with {' '.join(tail)}: {argv[-4:]}")
+        raise SandboxSetupError(f"the reference argv no longer ends with {' '.join(tail)}: {argv[-4:]}")
     return argv[: -len(tail)]
 
 
@@ -138,13 +138,13 @@ _libc = ctypes.CDLL(None, use_errno=True)
 def _setns(fd: int, nstype: int, what: str) -> None:
     if _libc.setns(fd, nstype) != 0:
         err = ctypes.get_errno()
-        raise SetupError(f"setns({what}): {os.strerror(err)}")
+        raise SandboxSetupError(f"setns({what}): {os.strerror(err)}")
 
 
 def _libc_prctl(option: int, arg: int, arg2: int = 0) -> None:
     if _libc.prctl(option, arg, arg2, 0, 0) != 0:
         err = ctypes.get_errno()
-        raise SetupError(f"prctl({option}, {arg}): {os.strerror(err)}")
+        raise SandboxSetupError(f"prctl({option}, {arg}): {os.strerror(err)}")
 
 
 def _ident(st: os.stat_result) -> tuple[int, int]:
@@ -158,7 +158,7 @@ def _holder_pid(bwrap_pid: int, holder_argv: Sequence[str]) -> int:
         with contextlib.suppress(psutil.Error):
             if tuple(child.cmdline()) == tuple(holder_argv):
                 return child.pid
-    raise SetupError(f"no holder process {' '.join(holder_argv)} under bwrap (pid {bwrap_pid})")
+    raise SandboxSetupError(f"no holder process {' '.join(holder_argv)} under bwrap (pid {bwrap_pid})")
 
 
 def _enter(holder: int) -> None:
@@ -229,7 +229,8 @@ def join(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object]) ->
     try:
         line = holder_out.readline()  # bwrap's --die-with-parent and our group kill bound this
         if line.strip() != "ready":
-            raise SetupError(f"the reference sandbox's holder did not start (bwrap exit {bwrap.poll()})")
+            raise SandboxSetupError(
+                f"the reference sandbox's holder did not start (bwrap exit {bwrap.poll()})")
         holder = _holder_pid(bwrap.pid, holder_argv)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -243,7 +244,7 @@ def join(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object]) ->
                     _drop_capabilities(prctl)
                     os.execvpe(cmd[0], list(cmd), _task_env(spec))
                 code = os.waitstatus_to_exitcode(os.waitpid(task, 0)[1])
-            except (SetupError, OSError) as e:
+            except (SandboxSetupError, OSError) as e:
                 print(f"control launcher --join: {e}", file=sys.stderr)
             finally:
                 os._exit(code if code >= 0 else 128 - code)
@@ -525,7 +526,7 @@ def offer_proxy(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, obje
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        raise SetupError(f"the sandbox with a proxy ran past {BWRAP_EXIT_TIMEOUT:g}s") from None
+        raise SandboxSetupError(f"the sandbox with a proxy ran past {BWRAP_EXIT_TIMEOUT:g}s") from None
     finally:
         server.close()
 
@@ -589,7 +590,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.offer_proxy:
             return offer_proxy(body, cmd, spec)
         os.execv(body[0], [*body, *cmd])
-    except SetupError as e:
+    except SandboxSetupError as e:
         print(f"control launcher: {e}", file=sys.stderr)
     return EX_SOFTWARE
 

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 
 from probes.cgroupfs import PROMISE_ENV
 from probes.run import run
-from runners.cgroup_setup import Mode, Setup, SetupError
+from runners.cgroup_setup import Setup, SetupError, SetupMode
 from runners.progress import result_word
 from runners.vm.stage2 import PROGRESS_ENV
 
@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env.pop(PROGRESS_ENV, None)  # ours alone: the witness commands write no events
     events.begin("vm cgroup set-up")
     try:
-        result = Setup(Mode.vm).run()
+        result = Setup(SetupMode.vm).run()
         env[PROMISE_ENV] = str(result.root)
         summary["cgroup_root"] = str(result.root)
         events.end("vm cgroup set-up", f"root {result.root}")
