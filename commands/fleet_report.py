@@ -195,7 +195,7 @@ def load_host(host_dir: Path) -> FleetHost:
     legs = _legs(host_dir, notes)
     status, why = _status(state, run, legs)
     return FleetHost(host_dir.name, status, why, _text(run, "mode"), _text(run, "verdict_line"),
-                _probes(probe), _promises(legs), tuple(notes))
+                     _probes(probe), _promises(legs), tuple(notes))
 
 
 def _is_host_dir(d: Path) -> bool:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from conformance.render import md_code
 from mrcheck.config import Tier
 from mrcheck.git import Change, Changes, Source
 from mrcheck.globs import matches
@@ -290,16 +291,13 @@ def render_text(r: CheckReport) -> str:
     return "\n".join(lines)
 
 
-def _cell(text: str) -> str:
-    # A `|` ends a table cell even inside backticks (GitHub-flavoured Markdown, "Tables").
-    return text.replace("|", "\\|")
-
-
 def _ran_markdown(r: CheckReport) -> list[str]:
     lines = ["| verdict | tier | command | files |", "|---|---|---|---|"]
     for p, res in r.ran:
-        files = "<br>".join(f"`{_cell(h.change.describe())}`" for h in p.hits)
-        lines.append(f"| {res.outcome} | `{_cell(p.tier.name)}` | `{_cell(display_command(p.tier, r.mode))}` "
+        # The witness report's own Markdown helpers (conformance/render.py): a `|` ends a table cell
+        # even inside backticks, and a backtick in a path needs a longer fence.
+        files = "<br>".join(md_code(h.change.describe()) for h in p.hits)
+        lines.append(f"| {res.outcome} | {md_code(p.tier.name)} | {md_code(display_command(p.tier, r.mode))} "
                      f"| {files} |")
     for p, res in r.ran:
         lines += ["", f"- `{p.tier.name}`: {res.runner_verdict or res.reason}"]

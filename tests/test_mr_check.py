@@ -259,7 +259,7 @@ def test_the_handover_names_files_tier_command_and_why_in_every_format() -> None
     moved = Change("src/new.py", ChangeStatus.renamed, Source.committed, "lib/old.py")
     changes = Changes(Path("/r"), "main", "b" * 40, "m" * 40, "h" * 40, (moved,), "hhhhhhh")
     report = CheckReport(changes, Path("/r/pyproject.toml"), Invocation("main"), plan([tier], [moved]),
-                    (TierResult(TierOutcome.refused, "inside a sandbox", ("run it on the host",)),))
+                         (TierResult(TierOutcome.refused, "inside a sandbox", ("run it on the host",)),))
     text = render(report, ReportFormat.text)
     assert "  - src/new.py (renamed from lib/old.py)" in text
     assert "Tier cmd|pipe (a command of the project's) covers:" in text and "    sh -c 'a | b'" in text
@@ -272,7 +272,7 @@ def test_the_handover_names_files_tier_command_and_why_in_every_format() -> None
     assert doc["tiers"][0]["files"][0]["old_path"] == "lib/old.py" and doc["exit"] == 75
     # A tier that ran sits in the table, where a `|` would end the cell.
     ran = CheckReport(changes, Path("/r/pyproject.toml"), Invocation("main"), plan([tier], [moved]),
-                 (TierResult(TierOutcome.failed, "the command exited 1", output_tail=("boom",)),))
+                      (TierResult(TierOutcome.failed, "the command exited 1", output_tail=("boom",)),))
     assert "| FAIL | `cmd\\|pipe` | `sh -c 'a \\| b'` |" in render(ran, ReportFormat.markdown)
 
 

@@ -481,7 +481,7 @@ def test_the_handover_says_why_in_plain_words_without_probe_internals() -> None:
     change = Change("deploy/cgroup.toml", ChangeStatus.added, Source.committed)
     changes = Changes(Path("/r"), "main", "b" * 40, "m" * 40, "h" * 40, (change,), "hhhhhhh")
     report = CheckReport(changes, Path("/r/pyproject.toml"), Invocation("main", repo=Path("/r")),
-                    plan([tier], [change]), (res,))
+                         plan([tier], [change]), (res,))
     for fmt in (ReportFormat.markdown, ReportFormat.text):
         hand = render(report, fmt)
         if fmt is ReportFormat.text:
