@@ -25,7 +25,15 @@ from conformance import output
 from conformance.render import Format, refusal_markdown
 from probes import cancel
 from probes.collect import collect
-from probes.exits import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, UsageError, check_writable
+from probes.exits import (
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    VERDICT_WORDS,
+    UsageError,
+    check_writable,
+)
 from probes.finding import Finding
 from probes.host import Host
 from probes.run import run
@@ -37,7 +45,6 @@ MODE_ENV = "SANDBOX_CONFORMANCE_MODE"
 PRINT_MODE_ENV = "SANDBOX_CONFORMANCE_PRINT_MODE"
 PROG = "sandbox-conformance run"
 
-VERDICTS = {EXIT_OK: "PASS", EXIT_FAIL: "FAIL", EXIT_UNAVAILABLE: "REFUSED", EXIT_USAGE: "ERROR"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -160,7 +167,7 @@ class _Verdict:
         cancel.set_label(mode)
 
     def done(self, code: int, word: str | None = None) -> int:
-        word = word or VERDICTS.get(code, "ERROR")
+        word = word or VERDICT_WORDS.get(code, "ERROR")
         if code == EXIT_UNAVAILABLE and self.reason is None:
             # The witness child refused on its own (its stderr is the user's, not ours to read).
             self.reason = "the witness command did not run: its own `refused:` line above says why"
@@ -265,7 +272,7 @@ def _main(args: argparse.Namespace, verdict: _Verdict) -> int:
     stage = progress.begin(f"{decision.mode} run", heartbeat=HEARTBEAT)
 
     def ended(code: int) -> int:
-        stage.end(VERDICTS.get(code, "ERROR"))
+        stage.end(VERDICT_WORDS.get(code, "ERROR"))
         for kept in log.finish(code):
             _say(f"pytest's report: {kept}")
         _markdown_refusal(args, verdict, code)
@@ -327,5 +334,5 @@ def _run_container(args: argparse.Namespace, options: witness_args.WitnessOption
         verdict.refused(str(e), e.ways_on)
         return EXIT_UNAVAILABLE
     for leg in legs:
-        _say(f"container: as {leg.label}: {VERDICTS.get(_witness_code(leg.returncode), 'ERROR')}")
+        _say(f"container: as {leg.label}: {VERDICT_WORDS.get(_witness_code(leg.returncode), 'ERROR')}")
     return container.combine(legs)

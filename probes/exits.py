@@ -17,6 +17,9 @@ EXIT_UNAVAILABLE = 75  # EX_TEMPFAIL (sysexits.h): nothing was tested here; not 
 EXIT_SIGHUP = 128 + signal.SIGHUP  # 129
 EXIT_SIGINT = 128 + signal.SIGINT  # 130
 EXIT_SIGTERM = 128 + signal.SIGTERM  # 143
+# The verdict line's word for each (`sandbox-conformance: PASS mode=native exit=0`), also a stage's
+# end word on a terminal (runners/progress.py).
+VERDICT_WORDS = {EXIT_OK: "PASS", EXIT_FAIL: "FAIL", EXIT_UNAVAILABLE: "REFUSED", EXIT_USAGE: "ERROR"}
 
 
 class UsageError(Exception):

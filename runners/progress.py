@@ -29,13 +29,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TextIO
 
-from probes.exits import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+from probes.exits import VERDICT_WORDS
 
 # Seconds between "still running" lines of a long stage (a VM run or an image build is silent for
 # minutes).
 HEARTBEAT = 30.0
-
-_WORDS = {EXIT_OK: "PASS", EXIT_FAIL: "FAIL", EXIT_UNAVAILABLE: "REFUSED", EXIT_USAGE: "ERROR"}
 
 
 def result_word(code: int | None) -> str:
@@ -43,7 +41,7 @@ def result_word(code: int | None) -> str:
     end: None is a run that was stopped at its timeout."""
     if code is None:
         return "timed out"
-    return _WORDS.get(code, f"exit {code}")
+    return VERDICT_WORDS.get(code, f"exit {code}")
 
 
 def _isatty(stream: TextIO) -> bool:

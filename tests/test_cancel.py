@@ -673,6 +673,8 @@ def _vm_image_or_skip() -> None:
 def test_run_vm_mode(sig: int, tmp_path: Path) -> None:
     """Signalled once the guest has started the suite (stage 2 wrote boot_seconds): qemu must go with
     the run, and its scratch directory in /var/tmp with it (SIGTERM) or with the next run (SIGKILL)."""
+    from runners.vm.qemu import qemu_pids
+
     _vm_image_or_skip()
     env = _env(tmp_path)
     before = _stamped(env)
@@ -683,7 +685,7 @@ def test_run_vm_mode(sig: int, tmp_path: Path) -> None:
 
     e = cancel_mid_run([sys.executable, "-m", "commands.cli", "run", "--mode", "vm", "--timeout", "300"],
                        sig=sig, ready=guest_started, tmp=tmp_path, env=env, ready_timeout=180, settle=2.0)
-    assert not [q for q in _qemus() if f"sbxc-vm.o{e.top}." in q], "qemu outlived the run"
+    assert not qemu_pids(f"sbxc-vm.o{e.top}."), "qemu outlived the run"
     if sig == signal.SIGKILL:
         assert_killed_then_swept(e, before, env, expect=("sbxc-vm.",))
     else:
@@ -692,16 +694,6 @@ def test_run_vm_mode(sig: int, tmp_path: Path) -> None:
         # Its stderr is a file: the boot's progress stage (runners/progress.py) is for a terminal only.
         assert "vm boot: " not in e.stderr, e.stderr
 
-
-def _qemus() -> list[str]:
-    out = []
-    for p in Path("/proc").iterdir():
-        try:
-            if p.name.isdigit() and (p / "comm").read_text().startswith("qemu-system"):
-                out.append((p / "cmdline").read_bytes().replace(b"\0", b" ").decode())
-        except OSError:
-            continue
-    return out
 
 
 def test_the_next_docker_tier_sweeps_what_a_killed_pytest_left_and_not_a_live_tier(

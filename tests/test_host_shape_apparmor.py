@@ -31,7 +31,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from probes import owner
@@ -64,7 +63,7 @@ class Boot:
     doc: dict[str, Any]
     deps: Mapping[str, str]
     wall: float
-    leftover_qemu: list[str]
+    leftover_qemu: list[int]  # pids (runners/vm/qemu.py qemu_pids)
     leftover_workdir: bool
     host_mounts: list[str]  # host mount points under the parser tree or the workdir, after the boot
 
@@ -87,14 +86,6 @@ def _deps() -> dict[str, str]:
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
-
-def _our_qemus(marker: str) -> list[str]:
-    out = []
-    for p in psutil.process_iter(["name", "cmdline"]):
-        line = " ".join(p.info["cmdline"] or [])
-        if (p.info["name"] or "").startswith("qemu-system") and marker in line:
-            out.append(line)
-    return out
 
 
 def _mounts_under(*prefixes: str) -> list[str]:
@@ -125,7 +116,7 @@ def apparmor_boot(test_user: str) -> Boot:
             doc = {}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return Boot(result, doc, deps, wall, _our_qemus(str(work)), work.exists(),
+    return Boot(result, doc, deps, wall, vm.qemu_pids(str(work)), work.exists(),
                 _mounts_under(deps["parser_tree"], str(work)))
 
 

@@ -31,7 +31,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psutil
 import pytest
 
 from probes import owner
@@ -76,7 +75,7 @@ class Boot:
     result: VmResult
     doc: dict
     files: Mapping[str, str]  # reports the guest wrote into the share, read before it was removed
-    leftover_qemu: list[str]
+    leftover_qemu: list[int]  # pids (runners/vm/qemu.py qemu_pids)
     leftover_workdir: bool
 
 
@@ -92,14 +91,6 @@ def _image() -> vm_image.VmImage:
     except vm_image.ImageError as e:
         pytest.skip(f"no VM image: {e}")
 
-
-def _our_qemus(marker: str) -> list[str]:
-    out = []
-    for p in psutil.process_iter(["name", "cmdline"]):
-        line = " ".join(p.info["cmdline"] or [])
-        if (p.info["name"] or "").startswith("qemu-system") and marker in line:
-            out.append(line)
-    return out
 
 
 def _boot(name: str, script: str, args: list[str], *, timeout: float,
@@ -130,7 +121,7 @@ def _boot(name: str, script: str, args: list[str], *, timeout: float,
             doc = {}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return Boot(result, doc, files, _our_qemus(str(work)), work.exists())
+    return Boot(result, doc, files, vm.qemu_pids(str(work)), work.exists())
 
 
 def _ok(boot: Boot) -> dict:

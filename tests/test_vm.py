@@ -18,7 +18,6 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from probes import owner
@@ -289,13 +288,6 @@ def _image_or_skip() -> VmImage:
         pytest.skip(f"no VM image: {e}")
 
 
-def _our_qemus(marker: str) -> list[str]:
-    out = []
-    for p in psutil.process_iter(["name", "cmdline"]):
-        if (p.info["name"] or "").startswith("qemu-system") and marker in " ".join(p.info["cmdline"] or []):
-            out.append(" ".join(p.info["cmdline"]))
-    return out
-
 
 @pytest.fixture(scope="session")
 def vm_run(tmp_path_factory, test_user) -> tuple[VmResult, dict, list[str]]:
@@ -304,7 +296,7 @@ def vm_run(tmp_path_factory, test_user) -> tuple[VmResult, dict, list[str]]:
     result = run_in_vm(["/usr/bin/python3", "-I", "-S",
                         str(SELFCHECK), "--user", test_user],
                        workdir=work, timeout=600, image=image)
-    leftover = _our_qemus(str(work))
+    leftover = vm.qemu_pids(str(work))
     try:
         report = json.loads(result.stdout)
     except json.JSONDecodeError:
@@ -406,7 +398,7 @@ def test_a_hung_guest_command_is_stopped_at_its_timeout_and_qemu_exits(tmp_path,
     assert r.exit_code == 124, (r.error, r.console[-1000:])
     assert r.stdout == "started\n"
     assert r.wall_seconds < 3 + vm.BOOT_BUDGET
-    assert _our_qemus(str(tmp_path)) == []
+    assert vm.qemu_pids(str(tmp_path)) == []
 
 
 # ---------------------------------------------------------------- run --mode vm: host and guest drivers
@@ -645,7 +637,7 @@ def test_a_guest_that_hangs_before_stage2_is_killed_and_booted_once_more(tmp_pat
         ("vm boot", "started", ""), ("vm boot", "stopped", "no stage 2 within 1s"),
         ("vm boot (attempt 2)", "started", ""), ("vm boot (attempt 2)", "stopped", "no stage 2 within 1s")]
     assert starts.read_text().split() == ["started", "started"]
-    assert not vm._qemu_pids(f"sbxc_work={work}")
+    assert not vm.qemu_pids(f"sbxc_work={work}")
 
 
 # ---------------------------------------------------------------- per-launch timeout (issue 19)

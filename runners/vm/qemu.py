@@ -378,7 +378,7 @@ class _BootWatchdog:
                 self._booted()
                 return
             if time.monotonic() >= deadline:
-                for pid in _qemu_pids(self._marker):
+                for pid in qemu_pids(self._marker):
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(os.getpgid(pid), signal.SIGKILL)
                         self.fired = True
@@ -389,8 +389,9 @@ class _BootWatchdog:
         self._thread.join()
 
 
-def _qemu_pids(marker: str) -> list[int]:
-    """qemu processes (by comm, which the kernel truncates to 15 bytes) whose command line has marker."""
+def qemu_pids(marker: str) -> list[int]:
+    """qemu processes (by comm, which the kernel truncates to 15 bytes) whose command line has marker:
+    the watchdog's target, and what the tests check is gone after a run."""
     out = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
