@@ -28,18 +28,22 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
+import functools
 import json
 import os
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import time
 
+# -I leaves this program's own directory off sys.path: put it back for the shared helpers.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import guest
+
 LADDER = "bwrap,userns,userns.map,netns,pidns.proc,disable_userns"
 TIMEOUT = 240  # one CLI command under TCG on a loaded 2-core host
+sh = functools.partial(guest.sh, timeout=TIMEOUT)
+read = functools.partial(guest.read, error_as_text=True)
 BWRAP = "/usr/bin/bwrap"
 SECURITYFS = "/sys/kernel/security"
 LAB = "/usr/local/lib/sbxc-lab-apparmor"  # in the guest's tmpfs upper layer: never on the host
@@ -72,30 +76,6 @@ PROFILE = """profile {name} {attach} flags=(enforce, attach_disconnected, mediat
 """
 
 
-def sh(script: str, timeout: float = TIMEOUT, stdin: str | None = None) -> dict[str, object]:
-    """Run a shell script in its own session; on timeout the whole group dies."""
-    started = time.monotonic()
-    proc = subprocess.Popen(["/bin/sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(stdin, timeout=timeout)
-        rc: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        rc = None
-    return {"script": script, "rc": rc, "stdout": out, "stderr": err,
-            "seconds": round(time.monotonic() - started, 1)}
-
-
-def read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError as e:
-        return f"!{e.__class__.__name__}"
 
 
 def as_user(user: str, command: str) -> str:

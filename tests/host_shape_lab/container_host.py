@@ -29,15 +29,21 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import functools
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
 import time
 
+# -I leaves this program's own directory off sys.path: put it back for the shared helpers.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import guest
+
 TIMEOUT = 900  # the container run: install + two legs of the suite under TCG on a loaded 2-core host
+sh = functools.partial(guest.run, timeout=240, log=True)  # the run itself passes TIMEOUT
+read = guest.read
 DATA_ROOT = "/var/lib/sbxc-lab-docker"
 EXEC_ROOT = "/run/sbxc-lab-docker"
 SOCKET = f"{EXEC_ROOT}/docker.sock"
@@ -46,6 +52,7 @@ LADDER = "bwrap,userns,userns.map,netns,pidns.proc,disable_userns"
 # mode installs it): each command with a timeout, one JSON document on stdout.
 IN_CONTAINER = r"""
 import json, subprocess, sys
+
 out = {}
 for key, argv in json.loads(sys.argv[1]).items():
     try:
@@ -57,31 +64,6 @@ print(json.dumps(out))
 """
 
 
-def sh(argv: list[str], timeout: float = 240, env: dict[str, str] | None = None,
-       cwd: str | None = None) -> dict[str, object]:
-    """Run argv in its own session; on timeout the whole group dies."""
-    started = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            text=True, start_new_session=True, env=env, cwd=cwd)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        rc: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        rc = None
-    seconds = round(time.monotonic() - started, 1)
-    print(f"lab: {shlex.join(argv)[:160]}: rc {rc}, {seconds}s", file=sys.stderr, flush=True)
-    return {"argv": argv, "rc": rc, "stdout": out, "stderr": err, "seconds": seconds}
-
-
-def read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 def start_dockerd(env: dict[str, str], log: str) -> tuple[subprocess.Popen[bytes], dict[str, object]]:

@@ -19,38 +19,26 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import functools
 import json
 import os
 import shlex
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 
+# -I leaves this program's own directory off sys.path: put it back for the shared helpers.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import guest
+
 LADDER = "bwrap,userns,userns.map,netns,pidns.proc,disable_userns"
 TIMEOUT = 240  # one CLI command under TCG on a loaded 2-core host: ~15 s seen, generous margin
+sh = functools.partial(guest.sh, timeout=TIMEOUT)
 BWRAP = "/usr/bin/bwrap"
 # A file under /proc present on every kernel this boots: Docker's masked paths cover it too.
 MASK_TARGET = "/proc/keys"
 SETUID_COPY = "/var/tmp/sbxc-lab-bwrap-setuid"
 
-
-def sh(script: str, timeout: float = TIMEOUT, env: dict[str, str] | None = None) -> dict[str, object]:
-    """Run a shell script in its own session; on timeout the whole group dies."""
-    started = time.monotonic()
-    proc = subprocess.Popen(["/bin/sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True, start_new_session=True, env=env)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        rc: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        rc = None
-    return {"script": script, "rc": rc, "stdout": out, "stderr": err,
-            "seconds": round(time.monotonic() - started, 1)}
 
 
 def write(path: str, value: str) -> str:

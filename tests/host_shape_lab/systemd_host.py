@@ -19,48 +19,26 @@ Stdlib only (`python3 -I -S`): it records what it saw, never a verdict."""
 from __future__ import annotations
 
 import argparse
-import contextlib
+import functools
 import json
 import os
 import pwd
-import shlex
-import signal
-import subprocess
 import sys
 import time
 
+# -I leaves this program's own directory off sys.path: put it back for the shared helpers.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import guest
+
 TIMEOUT = 600  # a witness suite under TCG on a loaded 2-core host
+sh = functools.partial(guest.run, timeout=TIMEOUT, log=True)
+read = guest.read
 # The signature's unit suffix, and the transient unit that carries it under each manager: a name
 # nothing else on a Debian host ends with (gpg-agent.service would match a bare "-agent.service").
 SUFFIX = "-sbxc-lab-agent.service"
 UNIT = "deploy-sbxc-lab-agent"
 
 
-def sh(argv: list[str], timeout: float = TIMEOUT, env: dict[str, str] | None = None,
-       cwd: str | None = None) -> dict[str, object]:
-    started = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            text=True, start_new_session=True, env=env, cwd=cwd)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        rc: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        rc = None
-    print(f"lab: {shlex.join(argv)[:160]}: rc {rc}, {time.monotonic() - started:.1f}s", file=sys.stderr,
-          flush=True)
-    return {"argv": argv, "rc": rc, "stdout": out, "stderr": err,
-            "seconds": round(time.monotonic() - started, 1)}
-
-
-def read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 def wait_for(path: str, timeout: float) -> bool:
