@@ -7,9 +7,12 @@ for bad input."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import importlib
+import os
 import sys
+import threading
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -31,6 +34,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 # Subcommands that start no sandbox, container or VM: no guardian (probe stays fast; its trials
 # still die with it through probes.run).
 STARTS_NOTHING = frozenset({"probe", "fleet-report"})
+
+# Subcommands whose process is done in seconds (`run` waits for a witness child, a container or a VM,
+# allocating little meanwhile), run without the cyclic garbage collector (main).
+SHORT_LIVED = frozenset({"probe", "witness", "run"})
 
 
 class _Parser(argparse.ArgumentParser):
@@ -65,7 +72,20 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The command's exit code. As the process's entry point (no argv given), the process ends here."""
+    if argv is None and _chosen(sys.argv[1:]) in SHORT_LIVED:
+        # A process that ends within seconds: the few cycles it makes (pytest's reports, tracebacks)
+        # go with it, and the collector's passes over everything imported (pytest's module graph
+        # included) were 10-15 ms of a witness run (bench/witness_bench.py). Not for a call from
+        # another program (a test), whose process goes on.
+        gc.disable()
+    code = _command(list(sys.argv[1:] if argv is None else argv))
+    if argv is None:
+        _leave(code)
+    return code
+
+
+def _command(argv: list[str]) -> int:
     args = build_parser(argv).parse_args(argv)
     try:
         try:
@@ -94,6 +114,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         gc.freeze()
+
+
+def _leave(code: int) -> None:
+    """End the process now that the command is over: its reports are written and closed, its children
+    reaped, its guardian told (cancel.close), and no other thread is left. The exit handlers run, the
+    output is flushed, and os._exit skips the interpreter's teardown of every module and object, which
+    is all that is left: 15-25 ms of a witness process, and again of `run` waiting for it (bench/). A
+    thread still alive, or output that cannot be flushed, takes the interpreter's own way out."""
+    if threading.active_count() > 1:
+        return
+    try:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ reasons on stdout and runs nothing (exit 0, or 75 when the decision is a refusal
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import pwd
@@ -233,8 +234,43 @@ def _main(args: argparse.Namespace, verdict: _Verdict) -> int:
         verdict.reason = str(e)
         return verdict.done(EXIT_USAGE)
 
-    findings = {f.probe: f for f in findings_for(Host())}
-    decision = decide(request, findings)
+    with contextlib.ExitStack() as stack:
+        standby: native.Standby | None = None
+        setup: tuple[witness_args.WitnessOptions, output.RunLog] | None = None
+        if not print_mode and request.mode in (Mode.auto, Mode.native) and not request.delegate:
+            # The witness process starts now and waits for the decision (runners/native.py Standby):
+            # its start-up overlaps the probes instead of following them.
+            setup = _witness_setup(args)
+            standby = stack.enter_context(native.Standby(setup[0], timeout=args.timeout,
+                                                         witness_main=_witness_main))
+        findings = {f.probe: f for f in findings_for(Host())}
+        decision = decide(request, findings)
+        if standby is not None and (decision.mode is not Mode.native or decision.delegate):
+            standby.discard()
+        return _decided(args, verdict, request, print_mode, findings, decision, standby, setup)
+
+
+def _witness_main(argv: list[str]) -> int:
+    """The witness command, in the forked child runners/native.py Standby makes."""
+    from commands import cli
+
+    return cli.main(["witness", *argv])
+
+
+def _witness_setup(args: argparse.Namespace) -> tuple[witness_args.WitnessOptions, output.RunLog]:
+    """The witness options every mode passes on, and the run's log. pytest's report of every witness
+    run goes to one log of ours unless -v or --log was given (conformance/output.py RunLog): removed
+    when the run passes, named when it does not."""
+    options = witness_args.WitnessOptions.from_args(args)
+    log = output.RunLog.choose(verbose=options.verbose, log=options.log)
+    if log.path is not None:
+        options = dataclasses.replace(options, log=str(log.path))
+    return options, log
+
+
+def _decided(args: argparse.Namespace, verdict: _Verdict, request: Request, print_mode: bool,
+             findings: dict[str, Finding], decision: Decision, standby: native.Standby | None,
+             setup: tuple[witness_args.WitnessOptions, output.RunLog] | None) -> int:
     if print_mode:
         print("\n".join(render(decision, request.mode)), flush=True)
         return EXIT_UNAVAILABLE if decision.refused else EXIT_OK
@@ -251,6 +287,8 @@ def _main(args: argparse.Namespace, verdict: _Verdict) -> int:
         verdict.reason, verdict.because = decision.reason, tuple(decision.reasons[1:])
         verdict.ways_on = tuple(decision.ways_on)
         _markdown_refusal(args, verdict)
+        if setup is not None:
+            setup[1].finish(EXIT_UNAVAILABLE)  # made for the witness run that was not: empty, removed
         return verdict.done(EXIT_UNAVAILABLE)
 
     assert decision.mode is not None
@@ -260,12 +298,7 @@ def _main(args: argparse.Namespace, verdict: _Verdict) -> int:
     for n in decision.notes:
         _say(f"note: {n}")
 
-    options = witness_args.WitnessOptions.from_args(args)
-    # pytest's report of every witness run goes to one log of ours unless -v or --log was given
-    # (conformance/output.py RunLog): removed when the run passes, named when it does not.
-    log = output.RunLog.choose(verbose=options.verbose, log=options.log)
-    if log.path is not None:
-        options = dataclasses.replace(options, log=str(log.path))
+    options, log = setup if setup is not None else _witness_setup(args)
     # On a terminal only: the run's start, heartbeat and end (runners/progress.py). The one Progress
     # goes down to the modes, whose long steps (image build, boot, set-up, each leg) are its stages.
     progress = Progress(PROG)
@@ -285,8 +318,8 @@ def _main(args: argparse.Namespace, verdict: _Verdict) -> int:
     if decision.mode is Mode.native:
         if decision.delegate:
             return ended(_run_delegated(args, say=verdict.say))
-        return ended(_witness_code(native.run_native(options, timeout=args.timeout,
-                                                     findings=findings.values())))
+        assert standby is not None  # made for every request that can end native, delegation aside
+        return ended(_witness_code(standby.go(findings.values())))
     return ended(_run_container(args, options, findings.get("container_engine"), verdict, progress))
 
 

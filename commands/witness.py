@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import conformance
-from conformance import output
+from conformance import handover, output
 from conformance import settings as settings_mod
 from conformance.launch import LauncherKind
 from conformance.profile import PLACEHOLDERS
@@ -44,6 +44,19 @@ from probes.host import Host
 WITNESS_MODULE = Path(conformance.__file__).resolve().parent / "test_witnesses.py"
 AUTOLOAD_ENV = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
 PERTURB_ENV = "SANDBOX_CONFORMANCE_PERTURB"  # comma-separated, for the negative controls (issue 6)
+
+# pytest's own plugins that the witness suite does not use, blocked (`-p no:NAME`): each costs its
+# import, its hooks on every test's set-up, call and tear-down, or both (bench/witness_bench.py). The
+# suite uses pytest's collection, fixtures, marks, skips, assertion rewriting, output capture and
+# terminal report. Among them: `cacheprovider` (the suite keeps no state between runs: `--lf` would
+# make a verdict depend on the last one); `unraisableexception`, whose end-of-session gc.collect()
+# passes were a fifth of a witness run's CPU (py-spy; a witness judges what the task and the kernel
+# did, never a Python finaliser's exception); `logging` and `warnings`, which wrap every test phase;
+# `debugging`, which imports pdb. A name a pytest version lacks (bookworm's 7.2 has no `subtests`)
+# blocks nothing. `-- PYTEST ARGS` that need a blocked plugin (`--pdb`, `--lf`) are usage errors.
+UNNEEDED_PLUGINS = ("cacheprovider", "unraisableexception", "threadexception", "logging", "warnings",
+                    "debugging", "faulthandler", "doctest", "unittest", "legacypath", "tmpdir",
+                    "monkeypatch", "recwarn", "pastebin", "setuponly", "setupplan", "stepwise", "subtests")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -107,6 +120,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # For our own control launchers (the reference sandbox with one thing changed): their tasks get the
     # harness's cgroup leaf, as the reference launcher's do. Hidden: a user's launcher keeps its own.
     p.add_argument("--harness-leaf", action="store_true", help=argparse.SUPPRESS)
+    # `run` starts this process before it probes and says on this pipe whether to go (runners/native.py
+    # Standby). Hidden: it is `run`'s, not a person's.
+    p.add_argument(handover.STANDBY_FLAG, type=int, metavar="FD", dest="standby_fd", help=argparse.SUPPRESS)
     p.add_argument(
         "pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST ARGS", help="after `--`: passed to pytest"
     )
@@ -263,7 +279,24 @@ def _no_autoload() -> Iterator[None]:
             os.environ[AUTOLOAD_ENV] = saved
 
 
+def _stand_by(fd: int) -> bool:
+    """Wait for `run`'s word (handover.await_go); True to go. The rest of the suite's own imports come
+    first, so they overlap the run's probes too."""
+    try:
+        os.fstat(fd)
+    except OSError:
+        raise UsageError(f"{handover.STANDBY_FLAG} {fd}: not an open descriptor") from None
+    import conformance.harness  # noqa: F401  # what _main imports next, imported now
+
+    said = handover.await_go(fd)
+    if said:
+        os.environ[handover.FINDINGS_ENV] = said
+    return said is not None
+
+
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "standby_fd", None) is not None and not _stand_by(args.standby_fd):
+        return EXIT_OK  # the run went another way: nothing was made here, and there is nothing to say
     out = output.WitnessOutput.from_args(args)  # its usage errors before any work (conformance/output.py)
     try:
         code = _main(args, out)
@@ -329,13 +362,8 @@ def _pytest_argv(args: argparse.Namespace) -> list[str]:
         "pytest_timeout",
         "-p",
         "conformance.plugin",
-        "-p",
-        "no:cacheprovider",
-        # pytest's unraisable-exception plugin runs full gc.collect() passes at the end of the session
-        # (a fifth of a witness run's CPU, sampled with py-spy): a witness judges what the task and the
-        # kernel did, never a Python finaliser's exception.
-        "-p",
-        "no:unraisableexception",
+        *(a for name in UNNEEDED_PLUGINS for a in ("-p", f"no:{name}")),
+        *(() if args.junitxml else ("-p", "no:junitxml")),
         "-c",
         os.devnull,
         "--rootdir",

@@ -1,10 +1,15 @@
 """The probe findings `run` hands down to the witness process it starts, so the guard probes are not
 run twice for the same user in the same environment. Its own module, importing only probes.finding:
-`run` needs it, and none of the witness settings' imports (profiles, launchers, bwrap's argv)."""
+`run` needs it, and none of the witness settings' imports (profiles, launchers, bwrap's argv).
+
+They travel on a pipe: `run` starts the witness process before it probes (runners/native.py
+Standby), and the process waits (`witness --standby-fd N`) for GO and the findings, or for the end
+of the pipe with nothing said: the run went another way, and it exits having made nothing."""
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping
 
 from probes.finding import Finding
@@ -13,6 +18,10 @@ from probes.finding import Finding
 GUARD_PROBES = ("disable_userns", "cgroup.delegation")
 # The environment variable carrying them (JSON, see `handover`).
 FINDINGS_ENV = "SANDBOX_CONFORMANCE_FINDINGS"
+
+# The hidden witness option naming the pipe, and the word that starts a standby witness run.
+STANDBY_FLAG = "--standby-fd"
+GO = b"go\n"
 
 # What a guard finding depends on besides the user: a promised cgroup root changes cgroup.delegation.
 _DEPENDS_ON = ("SANDBOX_CONFORMANCE_CGROUP_ROOT",)
@@ -44,3 +53,11 @@ def handed_down(as_user: str | None, environ: Mapping[str, str]) -> dict[str, Fi
         return {f.probe: f for f in map(Finding.from_json, doc["findings"])}
     except (ValueError, KeyError, TypeError, AttributeError):
         return None  # a malformed handover is no evidence: probe again
+
+
+def await_go(fd: int) -> str | None:
+    """Block until `run` says: the findings' record (FINDINGS_ENV's value, "" for none) after GO, or
+    None when the pipe ended without it. The read to EOF is one `run` ends by closing its end."""
+    with os.fdopen(fd, "rb", closefd=True) as pipe:
+        said = pipe.read()  # to EOF
+    return said[len(GO):].decode() if said.startswith(GO) else None

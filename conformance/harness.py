@@ -39,6 +39,7 @@ from conformance.launch import (
     launch,
 )
 from conformance.profile import Profile, expand
+from probes import netif
 from probes.cgroupfs import own_cgroup
 from probes.finding import Finding, Verdict
 from probes.host import Host
@@ -95,16 +96,9 @@ def _cmdline(pid: int | str) -> tuple[str, ...]:
 
 
 def _host_addresses() -> list[str]:
-    """The host's non-loopback IPv4 addresses: a shared network namespace reaches the listener
-    through them too."""
-    import psutil
-
-    out = []
-    for name, addrs in psutil.net_if_addrs().items():
-        if name == "lo":
-            continue
-        out += [a.address for a in addrs if a.family == socket.AF_INET]
-    return out[:2]
+    """Up to two of the host's non-loopback IPv4 addresses: a shared network namespace reaches the
+    listener through them too (probes/netif.py: each interface's primary address)."""
+    return [a for name, addrs in netif.ipv4_addresses().items() if name != "lo" for a in addrs][:2]
 
 
 class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):

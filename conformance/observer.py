@@ -56,20 +56,38 @@ def tag(launch_nonce: str) -> str:
     return ("sbxc" + launch_nonce)[:15]
 
 
-def _read(path: Path) -> str:
-    return path.read_text(errors="replace")
+def _read(path: Path | str) -> str:
+    """A /proc file's text in three system calls (open, read to EOF, close) rather than a text file
+    object's seven: the scans below read a few files of every process on the host, from a thread that
+    competes with the witness's main thread for the GIL, which each call gives up and waits for."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
 
 
 def find(task_tag: str, proc: Path = Path("/proc")) -> list[int]:
-    """Host pids whose comm is `task_tag`."""
+    """Host pids whose comm is `task_tag`: every process on the host is looked at, so a second one
+    carrying the tag makes the launch ambiguous rather than going unseen."""
     found = []
     for name in os.listdir(proc):
         if not name.isdigit():
             continue
         try:
-            comm = (proc / name / "comm").read_text(errors="replace").rstrip("\n")
+            fd = os.open(f"{proc}/{name}/comm", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             continue  # exited meanwhile
+        try:
+            # comm is at most TASK_COMM_LEN (16) bytes with its newline: one read (proc(5)).
+            comm = os.read(fd, 64).decode(errors="replace").rstrip("\n")
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
         if comm == task_tag:
             found.append(int(name))
     return found
@@ -375,11 +393,12 @@ def survivors(
         if not name.isdigit() or int(name) == me:
             continue
         try:
-            st = stat_fields(_read(proc / name / "stat"))
-            pidns = os.readlink(proc / name / "ns" / "pid")
-            comm = _read(proc / name / "comm").strip()
+            text = _read(f"{proc}/{name}/stat")
+            st = stat_fields(text)
+            pidns = os.readlink(f"{proc}/{name}/ns/pid")
         except (OSError, ValueError):
             continue
+        comm = text[text.index("(") + 1 : text.rindex(")")]  # stat's second field (proc(5))
         if st["state"] in ("Z", "X"):
             if since is not None and st["ppid"] == me and int(st["starttime"]) >= since:
                 with contextlib.suppress(ChildProcessError):

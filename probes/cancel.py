@@ -222,6 +222,23 @@ def _start_guardian() -> None:
     _state.pipe = _state.guardian.stdin
 
 
+def forked() -> None:
+    """In a copy of this process made by fork (probes/run.py Forked), before it does anything: what
+    install() set up was its parent's. Its guardian's pipe is closed here, so that guardian sees the
+    end of it when the parent dies, not when the copy does; the parent's groups are not ours to stop;
+    the copy's own install() starts a guardian of its own."""
+    _state.lock = threading.Lock()  # single-threaded at the fork, but a fresh one costs nothing
+    if _state.pipe is not None:
+        with contextlib.suppress(OSError):
+            _state.pipe.close()  # nothing buffered to write twice: _tell flushes every message
+    _state.pipe = None
+    _state.guardian = None  # the parent's child: only the parent reaps it
+    _state.groups.clear()
+    _state.previous.clear()
+    _state.received = None
+    _state.mid_line = False
+
+
 def close(timeout: float = 5.0) -> None:
     """Our own clean-up is done: close the guardian's pipe and reap it."""
     with _state.lock:

@@ -17,6 +17,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -134,6 +135,7 @@ def run(
     on_line: Callable[[str], None] | None = None,
     after_exit: Callable[[int], None] | None = None,
     die_with: int = signal.SIGKILL,
+    pass_fds: Sequence[int] = (),
 ) -> Completed:
     """Run argv in a new session; on timeout SIGKILL its whole process group and reap it.
 
@@ -143,8 +145,9 @@ def run(
     after_exit: called with the process group id once the leader has exited, BEFORE the rest of its
     group is killed, so the caller can see what the child left running.
     die_with: the child's parent-death signal; SIGTERM for a child of ours that cleans up after
-    itself (a witness run under `run` or `controls`). Interrupted (a Cancelled, any exception), run()
-    stops the child's group (SIGTERM, STOP_GRACE, SIGKILL) before it re-raises."""
+    itself (a witness run under `run` or `controls`). pass_fds: descriptors the child inherits (every
+    other one above stderr is closed in it, as Popen does by default). Interrupted (a Cancelled, any
+    exception), run() stops the child's group (SIGTERM, STOP_GRACE, SIGKILL) before it re-raises."""
     argv = tuple(str(a) for a in argv)
     if cancel.received() is not None and threading.current_thread() is not threading.main_thread():
         # Cancelled: a worker thread starts nothing new. The main thread may, on its way out: its
@@ -164,6 +167,7 @@ def run(
             errors="replace",
             start_new_session=True,
             preexec_fn=die_with_parent(die_with),
+            pass_fds=tuple(pass_fds),
         )
     except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
         return Completed(argv, 127, "", f"{argv[0]}: {e.strerror}", 0.0, not_found=True)
@@ -244,6 +248,115 @@ class Background(Generic[T]):
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]
+
+
+class Forked:
+    """body() in a forked copy of this process, held as run() holds a command: a session of its own
+    (killed as a group), `die_with` as its parent-death signal, tracked for probes/cancel.py and the
+    guardian, a timeout in wait(). What a child of ours gains by being forked rather than executed:
+    the interpreter and every module this process has imported, ready (runners/native.py Standby).
+
+    Only from a process with one thread (NotForkable otherwise): a lock another thread held at the
+    fork would stay held in the child for ever (fork(2): the child has one thread). The child
+    forgets its parent's clean-up duties (cancel.forked) and takes up its own; it leaves through
+    os._exit, never back into its parent's frames, whatever body() does."""
+
+    def __init__(self, body: Callable[[], int], *, die_with: int = signal.SIGTERM) -> None:
+        if threading.active_count() > 1:
+            raise NotForkable(f"{threading.active_count()} threads")
+        parent = os.getpid()
+        set_pdeathsig = _set_pdeathsig()
+        for stream in (sys.stdout, sys.stderr):  # or what is buffered would be written twice
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child; its effects are what the tests see)
+            _child(body, parent, set_pdeathsig, die_with)
+        self.pid = pid
+        self.started = time.monotonic()
+        self.returncode: int | None = None
+        self.reaped = False
+        cancel.track(pid, signal.SIGTERM)
+
+    def wait(self, timeout: float) -> int | None:
+        """Its exit code (-N for a signal, as Popen says it), or None: it ran past `timeout` from its
+        start and its group was killed. Interrupted (a Cancelled), its group is stopped as run()
+        stops a command's (SIGTERM, STOP_GRACE, SIGKILL) before this re-raises."""
+        if self.reaped:
+            return self.returncode
+        try:
+            exited = _wait_pid(self.pid, self.started + timeout - time.monotonic())
+            kill_group(self.pid)  # what it left in its group goes with it, as in run()
+            if exited is None:
+                os.waitpid(self.pid, 0)
+            else:
+                self.returncode = exited[0]
+            self.reaped = True
+            return self.returncode
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGTERM)
+            if _wait_pid(self.pid, STOP_GRACE) is None:
+                kill_group(self.pid)
+                os.waitpid(self.pid, 0)
+            self.reaped = True
+            cancel.stopped_sharing_output()
+            raise
+        finally:
+            cancel.untrack(self.pid)
+
+
+class NotForkable(RuntimeError):
+    pass
+
+
+def _child(body: Callable[[], int], parent: int, set_pdeathsig: Callable[[int], object], sig: int) -> None:
+    code = 1
+    try:
+        os.setsid()
+        set_pdeathsig(sig)
+        if os.getppid() != parent:
+            os._exit(125)  # the parent died before the signal was set, as in die_with_parent
+        cancel.forked()
+        code = body()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code)
+
+
+def _wait_pid(pid: int, timeout: float) -> tuple[int] | None:
+    """Reap our child `pid` within `timeout`: (its exit code,), or None while it still runs. A pidfd
+    wakes the moment it exits (wait_exit); where there is none, a short poll."""
+    deadline = time.monotonic() + max(0.0, timeout)
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return (os.waitstatus_to_exitcode(status),)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if pidfd is not None:
+                poller = select.poll()
+                poller.register(pidfd, select.POLLIN)
+                poller.poll(left * 1000)
+            else:
+                time.sleep(min(left, 0.01))
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 def _streamed(

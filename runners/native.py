@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import signal
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from conformance.handover import FINDINGS_ENV, GUARD_PROBES, handover
+from conformance.handover import GO, GUARD_PROBES, STANDBY_FLAG, handover
 from probes.finding import Finding
-from probes.run import run
+from probes.run import Background, Completed, Forked, NotForkable, run
 from runners.witness_args import WitnessOptions
 
 # Native mode never builds a cgroup root and never rearranges the host's tree. An inherited
@@ -22,8 +24,13 @@ DROPPED_ENV = ("SANDBOX_CONFORMANCE_CGROUP_ROOT",)
 DELEGATED_ENV = "SANDBOX_CONFORMANCE_DELEGATED"
 
 
-def witness_argv(options: WitnessOptions, *, python: str = sys.executable) -> list[str]:
-    return [python, "-m", "commands.cli", "witness", *options.argv()]
+def witness_argv(options: WitnessOptions, *, python: str = sys.executable,
+                 standby_fd: int | None = None) -> list[str]:
+    return [python, "-m", "commands.cli", "witness", *_witness_arguments(options, standby_fd)]
+
+
+def _witness_arguments(options: WitnessOptions, standby_fd: int | None) -> list[str]:
+    return [*([STANDBY_FLAG, str(standby_fd)] if standby_fd is not None else []), *options.argv()]
 
 
 def native_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -67,17 +74,97 @@ ENTER_SUPERVISOR = (
 )
 
 
-def run_native(options: WitnessOptions, *, timeout: float, environ: Mapping[str, str] | None = None,
-               findings: Iterable[Finding] = ()) -> int | None:
-    """`findings`: what this run already probed, handed to the witness process so it does not probe
-    the same things again (conformance/settings.py: it re-probes where the user or the environment
-    they depend on differ)."""
-    ours = os.environ if environ is None else environ
-    env = native_env(ours)
-    guard = [f for f in findings if f.probe in GUARD_PROBES]
-    if guard and options.as_user is None:
-        # Made in our environment, which native_env may have changed: the record says which.
-        env[FINDINGS_ENV] = handover(guard, as_user=None, environ=ours)
-    # SIGTERM if we die: the witness run is ours and removes its own layout and leaves on the way out.
-    return run(witness_argv(options), timeout=timeout, env=env, capture=False,
-               die_with=signal.SIGTERM).returncode
+class Standby:
+    """The witness process, started before this run probes, and told afterwards whether to go.
+
+    A witness run's own start (an interpreter, the suite's imports: a third of a native run) does not
+    depend on what the probes find, so it overlaps them on another core instead of following them
+    (bench/run_bench.py). It is the same child as ever: its own session, killed as a group on the
+    timeout, SIGTERM if we die (it then removes what it made, docs/cancellation.md), tracked for the
+    guardian. Until `go`, it has made nothing: it waits on a pipe of ours (`witness --standby-fd`),
+    before its first check of the host. `go` hands it the findings this run probed; `discard` closes
+    the pipe unsaid, and it exits 0 without a word.
+
+    `witness_main` (the witness command's main, given its arguments): the child is a fork of this
+    process (probes/run.py Forked), which has the interpreter and much of the suite's imports ready;
+    without it, or with a thread running here, a fresh `python -m commands.cli witness`."""
+
+    def __init__(self, options: WitnessOptions, *, timeout: float, environ: Mapping[str, str] | None = None,
+                 python: str = sys.executable,
+                 witness_main: Callable[[list[str]], int] | None = None) -> None:
+        self._environ = os.environ if environ is None else environ
+        self._as_user = options.as_user
+        self._timeout = timeout
+        self._read, self._write = os.pipe()  # both close-on-exec; pass_fds hands the child its end
+        env = native_env(self._environ)
+        self._forked: Forked | None = None
+        self._spawned: Background[Completed] | None = None
+        if witness_main is not None:
+            body = functools.partial(_forked_witness, witness_main, _witness_arguments(options, self._read),
+                                     env, self._write)
+            with contextlib.suppress(NotForkable):  # a thread runs here: spawned instead
+                self._forked = Forked(body)
+        if self._forked is None:
+            start = functools.partial(run, witness_argv(options, python=python, standby_fd=self._read),
+                                      timeout=timeout, env=env, capture=False, die_with=signal.SIGTERM,
+                                      pass_fds=(self._read,))
+            self._spawned = Background(start, name="sbxc-witness")
+        self._said = False
+
+    def _result(self) -> int | None:
+        if self._forked is not None:
+            return self._forked.wait(self._timeout)
+        assert self._spawned is not None
+        return self._spawned.result().returncode
+
+    def go(self, findings: Iterable[Finding] = ()) -> int | None:
+        """Run the suite with these findings; its exit code (None: it timed out)."""
+        guard = [f for f in findings if f.probe in GUARD_PROBES]
+        # Made in our environment, which native_env changed for the child: the record says which, and
+        # the child re-probes where that matters (conformance/handover.py).
+        mine = guard and self._as_user is None  # another user's findings are that user's to probe
+        payload = handover(guard, as_user=None, environ=self._environ) if mine else ""
+        self._say(GO + payload.encode())
+        return self._result()
+
+    def discard(self) -> None:
+        """The run will not be native: the child exits unasked, and is reaped before we go on."""
+        self._say(b"")
+        self._result()
+
+    def _say(self, data: bytes) -> None:
+        """Write once and close our end: the child reads to EOF. Our copy of its end stays open
+        until the child is reaped (close): the thread that starts it may not have forked yet, and a
+        descriptor closed under it would be handed on by number, whatever it then is."""
+        if self._said:
+            return
+        self._said = True
+        try:
+            view = memoryview(data)
+            while view:  # a pipe takes 64 KiB before a write waits for the reader (pipe(7))
+                view = view[os.write(self._write, view):]
+        except BrokenPipeError:
+            pass  # it died before reading: its exit code says how
+        finally:
+            os.close(self._write)
+
+    def __enter__(self) -> Standby:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """The child reaped, whatever happened here (discarded if go() was never said), then our
+        copy of its end of the pipe closed."""
+        try:
+            self.discard()
+        finally:
+            os.close(self._read)
+
+
+def _forked_witness(witness_main: Callable[[list[str]], int], argv: list[str], env: Mapping[str, str],
+                    our_end: int) -> int:
+    """The forked child's body: the environment a spawned witness would have had, without our end of
+    the pipe (its EOF is how a discarded child learns it), then the witness command."""
+    os.close(our_end)
+    os.environ.clear()
+    os.environ.update(env)
+    return witness_main(argv)
