@@ -222,7 +222,7 @@ def _validate(args: argparse.Namespace) -> None:
 
 def _disable_userns(as_user: str | None) -> tuple[bool, str]:
     """The guard probe the reference launcher itself uses (conformance/harness.py)."""
-    from conformance.harness import findings
+    from conformance.guard import findings
 
     f = findings(as_user).get("disable_userns")
     if f is None:
@@ -232,7 +232,7 @@ def _disable_userns(as_user: str | None) -> tuple[bool, str]:
 
 def _cgroup_root(as_user: str | None) -> tuple[bool, str]:
     """The guard probe that decides whether each task gets a cgroup leaf (conformance/harness.py)."""
-    from conformance.harness import findings
+    from conformance.guard import findings
 
     f = findings(as_user).get("cgroup.delegation")
     if f is None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import conformance
-from conformance import handover, output
+from conformance import guard, handover, output
 from conformance import settings as settings_mod
 from conformance.launch import LauncherKind
 from conformance.profile import PLACEHOLDERS
@@ -321,13 +321,15 @@ def _main(args: argparse.Namespace, out: output.WitnessOutput) -> int:
             "no bwrap on PATH and no --launcher: there is no sandbox to launch tasks in",
             ways_on=["apt-get install bubblewrap", "or test your own sandbox: --launcher 'PREFIX'"],
         )
+    if launcher is None and settings.guard is None:
+        # The guard probes' trial runs while the rest is imported and the host swept: the first
+        # task's launch waits for it (conformance/guard.py).
+        guard.prefetch(args.as_user)
     # What a SIGKILLed run left (probes/owner.py), said here on our stderr: once pytest starts, its
     # output (and the layout's own sweep with it) goes to the log.
     owner.sweep_once()
-    from conformance.harness import WitnessSession, prefetch
+    from conformance.harness import WitnessSession
 
-    if launcher is None and settings.guard is None:
-        prefetch(args.as_user)
     session = WitnessSession(
         settings.profile,
         settings.launcher,

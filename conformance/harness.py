@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance import bwrap_argv, cgroup_leaf, layout, observer, plan
-from conformance.handover import GUARD_PROBES
+from conformance.guard import findings
 from conformance.launch import (
     REFERENCE,
     SECRET_ENV,
@@ -49,32 +49,6 @@ from probes.run import Completed, minimal_env, run
 # a successful write of "max").
 NEIGHBOUR_MEMORY_MAX = 64 << 20
 NEIGHBOUR_PIDS_MAX = 16
-
-
-def _probe(as_user: str | None, host: Host | None = None) -> dict[str, Finding]:
-    from probes.collect import collect  # the probe modules are heavy; only a witness run needs them
-
-    host = host or Host(as_user=as_user)
-    return {f.probe: f for f in collect(host, only=list(GUARD_PROBES))}
-
-
-_prefetched: dict[str | None, concurrent.futures.Future[dict[str, Finding]]] = {}
-
-
-def prefetch(as_user: str | None) -> None:
-    """Start the guard probes in the background: they run real bwrap trials (~0.1 s), which then
-    overlap pytest's start-up and collection instead of adding to them."""
-    if as_user not in _prefetched:
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sbxc-probe")
-        _prefetched[as_user] = pool.submit(_probe, as_user)
-        pool.shutdown(wait=False)
-
-
-def findings(as_user: str | None, host: Host | None = None) -> dict[str, Finding]:
-    """The probe findings that guard witnesses, for the user the tasks run as."""
-    if host is None and as_user in _prefetched:
-        return _prefetched[as_user].result()
-    return _probe(as_user, host)
 
 
 def system_links(names: Iterable[str] = bwrap_argv.SYSTEM_DIRS) -> dict[str, str | None]:

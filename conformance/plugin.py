@@ -145,11 +145,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_tasks_key] = []
     if _settings_key in config.stash:  # handed over by the witness command (Preset)
         if config.stash[_settings_key].guard is None:
-            from conformance.harness import prefetch
+            from conformance.guard import prefetch
 
             prefetch(config.stash[_settings_key].as_user)
     elif _active(config):
-        from conformance.harness import prefetch
+        from conformance.guard import prefetch
 
         prefetch(config.getoption("sbxc_as_user"))
 
@@ -221,7 +221,7 @@ def guard(config: pytest.Config) -> dict[str, Finding]:
         if s.guard is not None:
             config.stash[_guard_key] = dict(s.guard)  # handed down by `run`: probed once per run
         else:
-            from conformance.harness import findings
+            from conformance.guard import findings
 
             config.stash[_guard_key] = findings(s.as_user)
     return config.stash[_guard_key]

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def reference_ready(root_only: None, bwrap_path: str) -> None:
-    from conformance.harness import findings
+    from conformance.guard import findings
 
     f = findings(None)["disable_userns"]
     if not f.ok:
@@ -39,7 +39,7 @@ def expected_skip_file(tmp_path: Path, as_user: str | None = None) -> tuple[Path
     the probes pass, except the cgroup witnesses where the cgroup.delegation probe finds no usable
     root (they run for real in the VM tier, tests/test_vm.py)."""
     from conformance.controls import HARNESS_ENFORCED
-    from conformance.harness import findings
+    from conformance.guard import findings
 
     lines = ["# no witness skip is justified on a host where the probes pass"]
     untested = 0

@@ -106,7 +106,7 @@ def test_every_control_reddens_exactly_its_witnesses_and_every_witness_is_covere
 
 
 def _judge_real(chosen: list[Control]) -> controls_cmd.ControlsReport:
-    from conformance.harness import findings
+    from conformance.guard import findings
 
     f = findings(None)["disable_userns"]
     with tempfile.TemporaryDirectory(prefix="sbxc-controls-") as tmp:
@@ -157,7 +157,7 @@ def test_where_the_reference_sandbox_cannot_run_the_command_refuses_with_75(
 ) -> None:
     # Inside `bwrap --unshare-user --disable-userns` no user namespace can be created, so the baseline's
     # reference sandbox cannot start: nothing can be controlled, and that is not a red run.
-    from conformance.harness import findings
+    from conformance.guard import findings
 
     f = findings(None)["disable_userns"]
     if not f.ok:

@@ -1,0 +1,37 @@
+"""The probe findings that guard witnesses (handover.GUARD_PROBES), probed for the user the tasks run as
+unless `run` handed them down: the reference launcher passes --disable-userns only where
+`disable_userns` saw it work, and makes cgroup leaves only under the root `cgroup.delegation` proved.
+
+A module of its own, light to import: the witness command starts these probes as soon as its inputs
+are checked, so their trials (a real bwrap launch, ~50 ms) run while the rest of the suite is
+imported, instead of delaying the first task's launch (bench/witness_bench.py)."""
+
+from __future__ import annotations
+
+from conformance.handover import GUARD_PROBES
+from probes.finding import Finding
+from probes.host import Host
+from probes.run import Background
+
+
+def _probe(as_user: str | None, host: Host | None = None) -> dict[str, Finding]:
+    from probes.collect import collect  # the probe modules are heavy; only a witness run needs them
+
+    host = host or Host(as_user=as_user)
+    return {f.probe: f for f in collect(host, only=list(GUARD_PROBES))}
+
+
+_prefetched: dict[str | None, Background[dict[str, Finding]]] = {}
+
+
+def prefetch(as_user: str | None) -> None:
+    """Start the guard probes in the background; findings() then waits for them."""
+    if as_user not in _prefetched:
+        _prefetched[as_user] = Background(_probe, as_user, name="sbxc-guard")
+
+
+def findings(as_user: str | None, host: Host | None = None) -> dict[str, Finding]:
+    """The probe findings that guard witnesses, for the user the tasks run as."""
+    if host is None and as_user in _prefetched:
+        return _prefetched[as_user].result()
+    return _probe(as_user, host)
