@@ -130,6 +130,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 @dataclasses.dataclass
 class _Result:
+    """One witness test as the collector follows it through pytest's reports: the promise it witnesses and
+    how it went."""
+
     nodeid: str
     family: str
     label: str

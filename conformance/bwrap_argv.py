@@ -49,6 +49,9 @@ class BuildError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Facts:
+    """What the reference argv needs from the host, gathered once by the caller so that `reference_argv`
+    stays a pure function (see the module doc)."""
+
     bwrap: str
     python: str = "/usr/bin/python3"
     disable_userns: bool = False  # the `disable_userns` probe: supported
@@ -58,6 +61,9 @@ class Facts:
 
 @dataclasses.dataclass(frozen=True)
 class _Mount:
+    """One mount `reference_argv` asks bwrap for at a path in the task: a bind of a host path, read-only or
+    not, or a tmpfs, which may be remounted read-only once everything beneath it is mounted."""
+
     kind: str  # "ro-bind", "bind", "tmpfs"
     path: str
     source: str | None = None

@@ -66,6 +66,9 @@ class KillMethod(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True)
 class LeafLimits:
+    """The limits to write into a leaf's interface files (`files`; `Leaf.apply` writes them). None writes
+    nothing there: the new cgroup's default, "max", stays."""
+
     memory_max: int | None = None  # bytes; None leaves "max"
     pids_max: int | None = None
     # 0 so an allocation past memory.max is OOM-killed instead of pushed to swap (the VM has none, a
@@ -95,6 +98,9 @@ def parse_keyed(text: str) -> dict[str, int]:
 
 @dataclasses.dataclass(frozen=True)
 class Leaf:
+    """One task's cgroup v2 leaf under a root we may write to: how a task enters it, what it counted, and how
+    it is emptied and removed (see the module doc). Made by `make_leaf`, usually through `task_leaf`."""
+
     root: Path
     path: Path
     fs: CgroupFs = dataclasses.field(default_factory=CgroupFs, compare=False, repr=False)

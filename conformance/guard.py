@@ -25,7 +25,16 @@ _prefetched: dict[str | None, Background[dict[str, Finding]]] = {}
 
 
 def prefetch(as_user: str | None) -> None:
-    """Start the guard probes in the background; findings() then waits for them."""
+    """Start the guard probes in the background; findings() then waits for them.
+
+    Their trial forks (Popen with a preexec_fn runs the at-fork handlers, os.register_at_fork) while
+    this thread goes on importing. `logging` and `concurrent.futures.thread` register handlers that
+    take a lock before a fork and release it after: a module imported between another thread's
+    before- and after-fork calls releases a lock it never took (RuntimeError: cannot release
+    un-acquired lock, printed as "Exception ignored"; seen in a witness run's output). Both are
+    imported here, before the first fork: the harness needs them anyway."""
+    import concurrent.futures.thread  # noqa: F401  # imports logging too
+
     if as_user not in _prefetched:
         _prefetched[as_user] = Background(_probe, as_user, name="sbxc-guard")
 

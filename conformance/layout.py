@@ -40,6 +40,9 @@ CANARY_MARK = "SBXC-CANARY"
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
+    """One task's layout on the host (drawn in the module doc): where it is, the nonce its canaries carry,
+    and who owns its state tree. The properties name its paths; `values` gives each placeholder its path."""
+
     root: Path
     nonce: str
     task_id: str

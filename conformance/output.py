@@ -108,6 +108,9 @@ def prune(directory: Path, keep: int = KEEP) -> None:
 
 @dataclasses.dataclass
 class WitnessOutput:
+    """What `witness` prints and where (the module doc says what goes where), settled from its options
+    by `from_args`. Not frozen: the default log (no --log) is made as pytest's report starts."""
+
     fmt: Format  # resolved: never auto
     style: Style
     verbose: bool

@@ -45,6 +45,9 @@ class HostView:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
+    """What one task must try and report, derived from the profile by `build` and handed to the witness
+    program (conformance/inside.py) as the JSON first line of its text (`program`)."""
+
     task_id: str
     ops: tuple[Mapping[str, Any], ...]
     tcp: tuple[tuple[str, int], ...]

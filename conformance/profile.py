@@ -84,6 +84,10 @@ STRICT_REFUSAL = ("EROFS",)
 
 @dataclasses.dataclass(frozen=True)
 class Filesystem:
+    """[filesystem]: what the task may read, write or see of each listed path, how a refused write there
+    may be refused, and whether every writable mount of host storage must be declared. Paths are as the
+    task sees them, with the layout's placeholders."""
+
     read_only: tuple[str, ...] = ()
     masked: tuple[str, ...] = ()
     writable: tuple[str, ...] = ()
@@ -105,6 +109,9 @@ class Filesystem:
 
 @dataclasses.dataclass(frozen=True)
 class TaskSection:
+    """[task]: the directories the platform gives a task: its control directory (read-only, only this
+    task's, seeded with the named files), its user's writable temp directory, the directory it starts in."""
+
     control: str | None = None
     control_files: tuple[str, ...] = ()
     user_tmp: str | None = None
@@ -113,6 +120,9 @@ class TaskSection:
 
 @dataclasses.dataclass(frozen=True)
 class Namespaces:
+    """[namespaces]: which of the pid, ipc and uts namespaces the task has to itself (shared: no promise
+    made), and the hostname it sees in its own uts namespace."""
+
     pid: Sharing = Sharing.shared
     ipc: Sharing = Sharing.shared
     uts: Sharing = Sharing.shared
@@ -121,6 +131,9 @@ class Namespaces:
 
 @dataclasses.dataclass(frozen=True)
 class Process:
+    """[process]: which capabilities the task's process may hold, whether it runs with no_new_privs, and
+    what its PID 1 is called."""
+
     capabilities: Caps = Caps.any
     no_new_privs: bool = False
     # PID 1's comm, when the profile names it; several when the sandbox's own init differs with the
@@ -130,18 +143,26 @@ class Process:
 
 @dataclasses.dataclass(frozen=True)
 class Environment:
+    """[environment]: which variables may reach the task at all, and the values some of them must have
+    (placeholders expanded)."""
+
     allow: tuple[str, ...] | None = None  # None: no promise about the environment
     set: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
+    """[limits]: the cgroup v2 limits (memory.max, pids.max) the sandbox promises to hold each task to."""
+
     memory_max: int | None = None  # bytes; None: no limit promised ("max" too)
     pids_max: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Profile:
+    """What a sandbox promises a task: one profile file, parsed and validated (`parse`, `load`), a field per
+    section. `promises` names the witness families it makes; a promise not made is not tested."""
+
     name: str
     source: str  # the file it came from, for messages
     description: str = ""

@@ -66,6 +66,9 @@ VERDICT_STYLE: dict[str, tuple[str, ...]] = {
 
 @dataclasses.dataclass(frozen=True)
 class Style:
+    """How text is painted: in ANSI colours (SGR) when `colour` is set, a verdict word in the style
+    VERDICT_STYLE gives it; unchanged otherwise."""
+
     colour: bool = False
 
     def paint(self, text: str, *styles: str) -> str:

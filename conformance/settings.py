@@ -30,6 +30,9 @@ class SettingsError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
+    """One witness run's settings, checked once by `build` and frozen. `witness` and a plain pytest run
+    each make one the same way and hand it to the pytest plugin."""
+
     profile: profile_mod.Profile
     launcher: Launcher
     as_user: str | None = None

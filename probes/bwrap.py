@@ -36,6 +36,9 @@ _VERSION = re.compile(r"bubblewrap\s+(\d+(?:\.\d+)*)")
 
 @dataclasses.dataclass(frozen=True)
 class BwrapInfo:
+    """What one look at the bwrap binary found: where it is, its version, its setuid bit or file
+    capabilities, and whether it accepts --disable-userns. Made once per Host (`inspect`)."""
+
     path: str | None
     version: str | None = None
     setuid: bool = False

@@ -47,6 +47,9 @@ def resolve_root(own: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class CgroupLayout:
+    """The host's cgroup layout as `decide_layout` reads it from statfs and mountinfo: which kind, the
+    cgroup2 mount to resolve paths through, and where the two sources disagree."""
+
     name: str  # "v1" | "hybrid" | "unified" | "none"
     v2_mount: mountinfo.Mount | None  # the cgroup2 mount we resolve paths through
     conflicts: tuple[str, ...] = ()

@@ -141,6 +141,9 @@ class CgroupFs:
 
 @dataclasses.dataclass(frozen=True)
 class Proof:
+    """What `prove` found: whether a throwaway child under the root took a memory.max write and read it
+    back, with the evidence."""
+
     ok: bool
     what: str  # what failed, or what was proved: one line
     evidence: Mapping[str, str]

@@ -179,6 +179,9 @@ class TrialOutcome:
 
 @dataclasses.dataclass(frozen=True)
 class Classification:
+    """What `classify` made of one rung's trial: the verdict, the cause it names (None when the trial
+    worked), and the one-line reason for a person."""
+
     verdict: Verdict
     cause: Cause | None
     reason: str

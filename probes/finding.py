@@ -20,6 +20,9 @@ class Verdict(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
+    """A probe's answer about one thing on the host, with the evidence it rests on. Frozen, its mappings made
+    read-only; `to_json` and `from_json` carry it between processes (conformance/handover.py)."""
+
     probe: str
     verdict: Verdict
     reason: str  # one line a person can act on

@@ -15,6 +15,9 @@ from probes.run import Runner, run
 
 @dataclasses.dataclass(frozen=True)
 class Host:
+    """The host a probe looks at (see the module doc): where its /, /proc and /sys are, its environment and
+    euid, and how its trials run. A test builds a fake one in tmp_path."""
+
     root: Path = Path("/")  # the filesystem root marker files are looked up under
     proc: Path = Path("/proc")
     sys: Path = Path("/sys")

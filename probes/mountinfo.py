@@ -43,6 +43,9 @@ def unescape(field: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Mount:
+    """One line of mountinfo: a mount, the subtree of its filesystem it shows and where, with the mount's
+    and the superblock's options."""
+
     mount_id: int
     parent_id: int
     dev: str  # "major:minor", st_dev of the filesystem

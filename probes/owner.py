@@ -47,6 +47,9 @@ _STAMP = re.compile(r"o(\d+)\.(\d+)\.([0-9a-f]{8})")
 
 @dataclasses.dataclass(frozen=True)
 class Stamp:
+    """An owner's stamp, `o<pid>.<start>.<host>` in a name (see the module doc): one process of one boot and
+    pid namespace."""
+
     pid: int
     start: int  # clock ticks after boot
     host: str  # boot id + pid namespace, hashed
@@ -115,6 +118,8 @@ def gone(owner: Stamp, proc: Path = Path("/proc")) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Swept:
+    """One stamped item the sweep found whose run is gone: removed, or left with why; `line` says which."""
+
     path: str
     owner: Stamp
     problem: str = ""  # empty: removed; else why it is still there

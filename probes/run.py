@@ -35,6 +35,9 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 @dataclasses.dataclass(frozen=True)
 class Completed:
+    """What a child run through this module did: how it ended, what it printed, how long it took. A Runner
+    returns one."""
+
     argv: tuple[str, ...]
     returncode: int | None  # None: killed on timeout
     stdout: str
@@ -285,25 +288,58 @@ class Forked:
         if self.reaped:
             return self.returncode
         try:
-            exited = _wait_pid(self.pid, self.started + timeout - time.monotonic())
+            if not self._reap(self.started + timeout - time.monotonic()):
+                kill_group(self.pid)
+                self._reap(None)
+                self.returncode = None  # killed on the timeout, as run() says it
             kill_group(self.pid)  # what it left in its group goes with it, as in run()
-            if exited is None:
-                os.waitpid(self.pid, 0)
-            else:
-                self.returncode = exited[0]
-            self.reaped = True
             return self.returncode
         except BaseException:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGTERM)
-            if _wait_pid(self.pid, STOP_GRACE) is None:
-                kill_group(self.pid)
-                os.waitpid(self.pid, 0)
-            self.reaped = True
+            if not self.reaped:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.pid, signal.SIGTERM)
+                if not self._reap(STOP_GRACE):
+                    kill_group(self.pid)
+                    self._reap(None)
             cancel.stopped_sharing_output()
             raise
         finally:
             cancel.untrack(self.pid)
+
+    def _reap(self, within: float | None) -> bool:
+        """Reap it, waiting up to `within` seconds (None: for as long as it takes): True once it is
+        reaped, its code in returncode. A pidfd wakes the moment it exits (wait_exit); where there is
+        none, a short poll. A reaped child is recorded at once, so a signal arriving after it (a
+        Cancelled) never waits for a child that is gone."""
+        deadline = None if within is None else time.monotonic() + max(0.0, within)
+        try:
+            pidfd: int | None = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            pidfd = None
+        try:
+            while not self.reaped:
+                try:
+                    done, status = os.waitpid(self.pid, 0 if deadline is None else os.WNOHANG)
+                except ChildProcessError:  # reaped, its status lost to an interruption right after
+                    self.reaped = True
+                    break
+                if done:
+                    self.returncode, self.reaped = os.waitstatus_to_exitcode(status), True
+                    break
+                assert deadline is not None
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                if pidfd is not None:
+                    poller = select.poll()
+                    poller.register(pidfd, select.POLLIN)
+                    poller.poll(left * 1000)
+                else:
+                    time.sleep(min(left, 0.01))
+            return True
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
 
 
 class NotForkable(RuntimeError):
@@ -330,33 +366,6 @@ def _child(body: Callable[[], int], parent: int, set_pdeathsig: Callable[[int], 
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
         os._exit(code)
-
-
-def _wait_pid(pid: int, timeout: float) -> tuple[int] | None:
-    """Reap our child `pid` within `timeout`: (its exit code,), or None while it still runs. A pidfd
-    wakes the moment it exits (wait_exit); where there is none, a short poll."""
-    deadline = time.monotonic() + max(0.0, timeout)
-    try:
-        pidfd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        pidfd = None
-    try:
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return (os.waitstatus_to_exitcode(status),)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            if pidfd is not None:
-                poller = select.poll()
-                poller.register(pidfd, select.POLLIN)
-                poller.poll(left * 1000)
-            else:
-                time.sleep(min(left, 0.01))
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
 
 
 def _streamed(

@@ -86,12 +86,17 @@ class Mode(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True)
 class Request:
+    """What the user asked of `run`: the input `decide` weighs against the probe findings."""
+
     mode: Mode = Mode.auto
     delegate: bool = False  # re-execute a native run under `systemd-run --user -p Delegate=yes`
 
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
+    """What `decide` answered for this host: a mode and why, or a refusal with its reason and the ways on;
+    either way, the notes the run's output must carry."""
+
     mode: Mode | None  # native or container; None when refused
     reasons: tuple[str, ...]  # why this mode (or, when refused, the refusal: first line is the reason)
     ways_on: tuple[str, ...] = ()  # refused only: what the user can do

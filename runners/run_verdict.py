@@ -30,6 +30,9 @@ WORDS = ("PASS", "FAIL", "REFUSED", "ERROR")
 
 @dataclasses.dataclass(frozen=True)
 class RunVerdict:
+    """How one `run` ended, as the verdict document holds it (`to_json`, `from_json`): the verdict and exit,
+    the mode, and for a refusal its reason and the ways on."""
+
     verdict: str  # PASS, FAIL, REFUSED, ERROR, or KILLED-SIGTERM / -SIGINT / -SIGHUP
     mode: str  # the mode the run chose; the one requested when it chose none
     requested_mode: str  # auto, native, container, vm

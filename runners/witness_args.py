@@ -13,6 +13,9 @@ from conformance import output
 
 @dataclasses.dataclass(frozen=True)
 class WitnessOptions:
+    """The witness command's options as `run` forwards them: made from `run`'s arguments (`from_args`),
+    remapped for a run elsewhere (`relocated`), and turned back into the witness's arguments (`argv`)."""
+
     profile: str | None = None
     adapter: str | None = None
     launcher: str | None = None
