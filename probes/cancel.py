@@ -237,6 +237,10 @@ def forked() -> None:
     _state.previous.clear()
     _state.received = None
     _state.mid_line = False
+    # The parent's handlers would raise Cancelled into code that has nothing to stop yet: until the
+    # copy's own install(), a stop signal ends it as it would any process that made nothing.
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def close(timeout: float = 5.0) -> None:

@@ -357,6 +357,8 @@ def _child(body: Callable[[], int], parent: int, set_pdeathsig: Callable[[int], 
         code = body()
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
+    except cancel.Cancelled as e:  # stopped by a signal: its own clean-up has run; no traceback
+        code = e.exit_code
     except BaseException:
         import traceback
 

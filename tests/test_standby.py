@@ -42,6 +42,7 @@ SCENARIO = textwrap.dedent("""
             inherited = False
         said = handover.await_go(fd)
         facts = {"said": said, "session_leader": os.getsid(0) == os.getpid(), "pid": os.getpid(),
+                 "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
                  "parent_pipe_open": inherited, "env": os.environ.get("SANDBOX_CONFORMANCE_CGROUP_ROOT"),
                  "argv": argv}
         with open(out, "w") as f:
@@ -85,6 +86,7 @@ def test_go_hands_the_findings_to_a_forked_child_in_a_session_of_its_own(tmp_pat
         "made for root in the run's environment, which the child's differs from: it will re-probe"
     assert child["session_leader"], "a group of its own: a timeout kills all of it"
     assert child["parent_pipe_open"] is False, "the run's guardian pipe is closed in the copy"
+    assert child["sigterm_default"], "the parent's stop handlers are not the copy's until it installs its own"
     assert child["env"] is None, "native mode's environment: the inherited cgroup root is dropped"
     assert child["argv"][:2] == [handover.STANDBY_FLAG, child["argv"][1]] and "--require" in child["argv"]
 
