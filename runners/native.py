@@ -134,7 +134,7 @@ class Standby:
 
     def _say(self, data: bytes) -> None:
         """Write once and close our end: the child reads to EOF. Our copy of its end stays open
-        until the child is reaped (close): the thread that starts it may not have forked yet, and a
+        until the child is reaped (__exit__): a spawning thread may not have forked yet, and a
         descriptor closed under it would be handed on by number, whatever it then is."""
         if self._said:
             return
