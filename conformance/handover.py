@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from probes.finding import Finding
 
-# The probes whose findings guard witnesses (conformance/harness.py).
+# The probes whose findings guard witnesses (conformance/guard.py).
 GUARD_PROBES = ("disable_userns", "cgroup.delegation")
 # The environment variable carrying them (JSON, see `handover`).
 FINDINGS_ENV = "SANDBOX_CONFORMANCE_FINDINGS"

@@ -205,24 +205,35 @@ def wait_exit(proc: subprocess.Popen[str], timeout: float) -> bool:
 
     Popen.wait(timeout=...) polls, sleeping up to 50 ms between looks (subprocess.Popen._wait), so a
     child that exits is noticed up to 50 ms late: a witness launch paid that on every task. A pidfd
-    (pidfd_open(2), Linux 5.3) becomes readable the moment the child exits; where there is none,
-    Popen.wait as before. The child is ours and not yet reaped, so its pid cannot have been reused."""
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):
+    (_exited) becomes readable the moment the child exits; where there is none, Popen.wait as before."""
+    exited = _exited(proc.pid, timeout)
+    if exited is None:
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             return False
         return True
+    if exited:
+        proc.wait()  # exited: this reaps it at once
+        return True
+    return proc.poll() is not None
+
+
+def _exited(pid: int, timeout: float) -> bool | None:
+    """Wait up to `timeout` for our child `pid` to exit, without reaping it: True once it has, False
+    while it still runs, None where there is no pidfd (pidfd_open(2), Linux 5.3) and the caller must
+    wait its own way. The child is ours and not yet reaped, so its pid cannot have been reused."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
     try:
         poller = select.poll()
         poller.register(pidfd, select.POLLIN)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + max(0.0, timeout)
         while not poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
             if time.monotonic() >= deadline:
-                return proc.poll() is not None
-        proc.wait()  # exited: this reaps it at once
+                return False
         return True
     finally:
         os.close(pidfd)
@@ -308,38 +319,32 @@ class Forked:
 
     def _reap(self, within: float | None) -> bool:
         """Reap it, waiting up to `within` seconds (None: for as long as it takes): True once it is
-        reaped, its code in returncode. A pidfd wakes the moment it exits (wait_exit); where there is
-        none, a short poll. A reaped child is recorded at once, so a signal arriving after it (a
-        Cancelled) never waits for a child that is gone."""
-        deadline = None if within is None else time.monotonic() + max(0.0, within)
-        try:
-            pidfd: int | None = os.pidfd_open(self.pid)
-        except (AttributeError, OSError):
-            pidfd = None
-        try:
-            while not self.reaped:
-                try:
-                    done, status = os.waitpid(self.pid, 0 if deadline is None else os.WNOHANG)
-                except ChildProcessError:  # reaped, its status lost to an interruption right after
-                    self.reaped = True
-                    break
-                if done:
-                    self.returncode, self.reaped = os.waitstatus_to_exitcode(status), True
-                    break
-                assert deadline is not None
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                if pidfd is not None:
-                    poller = select.poll()
-                    poller.register(pidfd, select.POLLIN)
-                    poller.poll(left * 1000)
-                else:
-                    time.sleep(min(left, 0.01))
+        reaped, its code in returncode. A pidfd wakes the moment it exits (_exited); where there is
+        none, a short poll."""
+        if within is not None:
+            exited = _exited(self.pid, within)
+            if exited is None:
+                deadline = time.monotonic() + within
+                while not self._waitpid(os.WNOHANG) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                return self.reaped
+            if not exited:
+                return self._waitpid(os.WNOHANG)
+        return self._waitpid(0)
+
+    def _waitpid(self, flags: int) -> bool:
+        """One waitpid; the child is recorded reaped the moment it is, so a signal arriving right after
+        (a Cancelled) never makes the stop path wait for a child that is gone."""
+        if self.reaped:
             return True
-        finally:
-            if pidfd is not None:
-                os.close(pidfd)
+        try:
+            done, status = os.waitpid(self.pid, flags)
+        except ChildProcessError:  # reaped, its status lost to an interruption right after
+            self.reaped = True
+            return True
+        if done:
+            self.returncode, self.reaped = os.waitstatus_to_exitcode(status), True
+        return self.reaped
 
 
 class NotForkable(RuntimeError):
