@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import os
 import pwd
 import shutil
@@ -264,7 +263,7 @@ def _witness_setup(args: argparse.Namespace) -> tuple[witness_args.WitnessOption
     options = witness_args.WitnessOptions.from_args(args)
     log = output.RunLog.choose(verbose=options.verbose, log=options.log)
     if log.path is not None:
-        options = dataclasses.replace(options, log=str(log.path))
+        options = options._replace(log=str(log.path))
     return options, log
 
 

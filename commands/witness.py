@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import gc
 import json
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import conformance
 from conformance import guard, handover, output
@@ -128,10 +127,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-@dataclasses.dataclass
-class _Result:
+class _Result(NamedTuple):
     """One witness test as the collector follows it through pytest's reports: the promise it witnesses and
-    how it went."""
+    how it went. Each report that changes how it went replaces it in the collector."""
 
     nodeid: str
     family: str
@@ -166,24 +164,27 @@ class _Collector:
         r = self.results.get(report.nodeid)
         if r is None:
             return
+        outcome, detail = r.outcome, r.detail
         props = dict(report.user_properties)
         if report.failed:
             if "sbxc_harness_error" in props:
-                r.outcome, r.detail = "error", "harness error: " + props["sbxc_harness_error"]
+                outcome, detail = "error", "harness error: " + props["sbxc_harness_error"]
             elif "sbxc_required_skip" in props:
-                r.outcome, r.detail = (
+                outcome, detail = (
                     "failed",
                     f"not tested: {props['sbxc_required_skip']} (a failure under --require)",
                 )
             elif report.when == "call":
-                r.outcome, r.detail = "failed", props.get("sbxc_saw") or _first_line(report)
+                outcome, detail = "failed", props.get("sbxc_saw") or _first_line(report)
             elif r.outcome != "failed":
-                r.outcome, r.detail = "error", f"{report.when} error: {_first_line(report)}"
+                outcome, detail = "error", f"{report.when} error: {_first_line(report)}"
         elif report.passed and report.when == "call" and r.outcome == "not_run":
-            r.outcome = "passed"
+            outcome = "passed"
         elif report.skipped and r.outcome in ("not_run", "passed"):
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-            r.outcome, r.detail = "skipped", reason.removeprefix("Skipped: ")
+            outcome, detail = "skipped", reason.removeprefix("Skipped: ")
+        if (outcome, detail) != (r.outcome, r.detail):
+            self.results[report.nodeid] = r._replace(outcome=outcome, detail=detail)
 
 
 def _first_line(report: Any) -> str:
@@ -410,7 +411,7 @@ def _document(args: argparse.Namespace, settings: Settings, code: int, rc: int,
                 "promise": label,
                 "verdict": v,
                 "detail": d,
-                "tests": [dataclasses.asdict(r) for r in results if r.label == label],
+                "tests": [r._asdict() for r in results if r.label == label],
             }
             for label, v, d in lines
         ],

@@ -13,11 +13,12 @@ The reference sandbox, modelled on an agent platform:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from pathlib import PurePosixPath
+from typing import NamedTuple
 
 from conformance.profile import Caps, Nested, NetworkMode, Profile, Sharing, expand
+from probes.finding import EMPTY
 
 # One thing each, named for what a broken sandbox gets wrong (issue 6's negative controls).
 PERTURBATIONS: Mapping[str, str] = {
@@ -47,8 +48,7 @@ class BuildError(ValueError):
     """The profile asks for something this launcher cannot build (a harness error, not a red witness)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Facts:
+class Facts(NamedTuple):
     """What the reference argv needs from the host, gathered once by the caller so that `reference_argv`
     stays a pure function (see the module doc)."""
 
@@ -56,11 +56,10 @@ class Facts:
     python: str = "/usr/bin/python3"
     disable_userns: bool = False  # the `disable_userns` probe: supported
     # /bin etc. -> their symlink target on the host, or None for a real directory; absent: not listed.
-    system_links: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
+    system_links: Mapping[str, str | None] = EMPTY
 
 
-@dataclasses.dataclass(frozen=True)
-class _Mount:
+class _Mount(NamedTuple):
     """One mount `reference_argv` asks bwrap for at a path in the task: a bind of a host path, read-only or
     not, or a tmpfs, which may be remounted read-only once everything beneath it is mounted."""
 

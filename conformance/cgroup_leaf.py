@@ -28,7 +28,6 @@ probes/cgroupfs.CgroupFs, the seam the unit tests replace with a fake tree.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import enum
 import errno
 import re
@@ -36,6 +35,7 @@ import signal
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from probes import cancel, owner
 from probes.cgroupfs import CgroupFs
@@ -64,8 +64,7 @@ class KillMethod(enum.StrEnum):
     signal_loop = "sigkill-loop"  # kernel < 5.14: freeze + SIGKILL each pid in cgroup.procs
 
 
-@dataclasses.dataclass(frozen=True)
-class LeafLimits:
+class LeafLimits(NamedTuple):
     """The limits to write into a leaf's interface files (`files`; `Leaf.apply` writes them). None writes
     nothing there: the new cgroup's default, "max", stays."""
 
@@ -96,14 +95,20 @@ def parse_keyed(text: str) -> dict[str, int]:
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class Leaf:
+# The real cgroup filesystem's operations: CgroupFs holds no state, so one instance serves every leaf.
+REAL_FS = CgroupFs()
+
+
+class Leaf(NamedTuple):
     """One task's cgroup v2 leaf under a root we may write to: how a task enters it, what it counted, and how
     it is emptied and removed (see the module doc). Made by `make_leaf`, usually through `task_leaf`."""
 
     root: Path
     path: Path
-    fs: CgroupFs = dataclasses.field(default_factory=CgroupFs, compare=False, repr=False)
+    # The seam a unit test replaces with a fake tree. A field, so it takes part in == and repr: two
+    # leaves on the real tree share REAL_FS and compare by their paths, as before; a leaf on a fake
+    # tree is another leaf than one at the same path on the real tree.
+    fs: CgroupFs = REAL_FS
 
     @property
     def procs_file(self) -> Path:
@@ -222,7 +227,7 @@ def leaf_path(root: Path, name: str) -> Path:
 
 
 def make_leaf(root: Path, name: str, limits: LeafLimits, *, fs: CgroupFs | None = None) -> Leaf:
-    fs = fs or CgroupFs()
+    fs = fs or REAL_FS
     path = leaf_path(root, name)
     try:
         fs.mkdir(path)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import dataclasses
 import functools
 import json
 import os
@@ -529,7 +528,7 @@ class _TreeKill:
         if done.returncode == -signal.SIGKILL and self._killing.is_set():
             self._thread.join()  # the launcher died of our cgroup.kill: wait for the record of it
             if self.killed:
-                done = dataclasses.replace(done, returncode=0)
+                done = done._replace(returncode=0)
         return done
 
     def _ready(self) -> dict[str, Any] | None:

@@ -12,13 +12,12 @@ partial document, a non-zero exit or a timeout is a HarnessError naming the laun
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import json
 import os
 import shlex
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from probes.run import Completed, Runner, run
 
@@ -40,8 +39,7 @@ class LauncherKind(enum.StrEnum):
     entry_point = "entry-point"  # `--launcher 'entry-point:NAME'`
 
 
-@dataclasses.dataclass(frozen=True)
-class Launcher:
+class Launcher(NamedTuple):
     """How to turn a task into an argv. `name` is what error messages call it."""
 
     name: str

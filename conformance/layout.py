@@ -19,7 +19,6 @@ not by file modes (an append to a root-owned 0644 file fails with EACCES whateve
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import pwd
@@ -28,7 +27,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from probes import owner
 
@@ -38,8 +37,7 @@ OTHER_USER = "bob"
 CANARY_MARK = "SBXC-CANARY"
 
 
-@dataclasses.dataclass(frozen=True)
-class Layout:
+class Layout(NamedTuple):
     """One task's layout on the host (drawn in the module doc): where it is, the nonce its canaries carry,
     and who owns its state tree. The properties name its paths; `values` gives each placeholder its path."""
 

@@ -16,7 +16,6 @@ a pass: a launcher that prints a recorded document runs nothing the host can see
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
 import os
@@ -26,11 +25,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from probes import mountinfo
 from probes.cgroupfs import own_cgroup
 from probes.errnos import errname
+from probes.finding import EMPTY
 
 NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "user", "uts")
 STATUS_KEYS = (
@@ -105,8 +105,7 @@ def stat_fields(text: str) -> dict[str, int | str]:
     }
 
 
-@dataclasses.dataclass(frozen=True)
-class Protected:
+class Protected(NamedTuple):
     """A host path whose content must be visible nowhere in the task (a masked path's content, an
     absent path): `template` names it in messages."""
 
@@ -114,8 +113,7 @@ class Protected:
     host_path: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Seen:
+class Seen(NamedTuple):
     """The task's process as the host saw it while the task waited. A field that could not be read
     holds `error: ERRNO` (a string) instead: cannot tell, which no witness reads as a pass."""
 
@@ -132,7 +130,7 @@ class Seen:
     # rw mount points the task's credentials cannot reach (see unreachable()): listed, not judged.
     unreachable: frozenset[str] = frozenset()
     # The task's cgroup v2 directory as the host reads it: path, memory.max, pids.max.
-    cgroup_files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    cgroup_files: Mapping[str, str] = EMPTY
     # (st_dev, st_ino) of the directory the task is in: stat(2) follows /proc/PID/cwd into the task's
     # own mount namespace (proc(5)), so this names the host directory whatever path the task sees.
     cwd: tuple[int, int] | str = "error: not read"
@@ -264,8 +262,7 @@ def _dev_ino(st: os.stat_result) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-@dataclasses.dataclass(frozen=True)
-class Creds:
+class Creds(NamedTuple):
     """The task's credentials as the host's kernel holds them (real ids, not the namespace's)."""
 
     fsuid: int

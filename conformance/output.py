@@ -16,7 +16,6 @@ cannot be made (no home, a read-only one) no log is kept and the end line says t
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import os
 import shutil
@@ -24,7 +23,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 from conformance import render
 from conformance.render import Format, Row, Style
@@ -106,21 +105,27 @@ def prune(directory: Path, keep: int = KEEP) -> None:
 # ---- the witness command's output -------------------------------------------------------------------
 
 
-@dataclasses.dataclass
 class WitnessOutput:
     """What `witness` prints and where (the module doc says what goes where), settled from its options
-    by `from_args`. Not frozen: the default log (no --log) is made as pytest's report starts."""
+    by `from_args`. Not a record but a plain class (docs/architecture.md, "Records"): the default log
+    (no --log) is made, and these fields change, as pytest's report starts."""
 
-    fmt: Format  # resolved: never auto
-    style: Style
-    verbose: bool
-    log: Path | None  # --log FILE, or the default log once opened
-    chosen: bool  # the default log (ours to remove or name), not the user's --log
-    json_stdout: bool
-    stdout: TextIO
-    stderr: TextIO
-    width: int = 0
-    kept_nowhere: bool = False  # the default log could not be made: pytest's report was dropped
+    __slots__ = ("chosen", "fmt", "json_stdout", "kept_nowhere", "log", "stderr", "stdout", "style",
+                 "verbose", "width")
+
+    def __init__(self, fmt: Format, style: Style, verbose: bool, log: Path | None, chosen: bool,
+                 json_stdout: bool, stdout: TextIO, stderr: TextIO, width: int = 0,
+                 kept_nowhere: bool = False) -> None:
+        self.fmt = fmt  # resolved: never auto
+        self.style = style
+        self.verbose = verbose
+        self.log = log  # --log FILE, or the default log once opened
+        self.chosen = chosen  # the default log (ours to remove or name), not the user's --log
+        self.json_stdout = json_stdout
+        self.stdout = stdout
+        self.stderr = stderr
+        self.width = width
+        self.kept_nowhere = kept_nowhere  # the default log could not be made: pytest's report was dropped
 
     @classmethod
     def from_args(cls, args: Any, *, environ: Mapping[str, str] = os.environ,
@@ -213,8 +218,7 @@ def _read(path: Path) -> str:
 # ---- run's log, shared by the witness runs it starts -------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class RunLog:
+class RunLog(NamedTuple):
     """`run` picks the default log itself and hands it to each witness run as `--log` (container and
     VM modes relocate it per leg to `NAME-LABEL.log`, as they do --junitxml), so the log outlives a
     container or a VM and the paths it names are this host's. None: -v or --log FILE was given."""

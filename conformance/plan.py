@@ -7,7 +7,6 @@ directory the harness lists the HOST side first, so the task is asked about real
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import ipaddress
 import json
 import os
@@ -17,7 +16,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from conformance.observer import Seen
 from conformance.profile import NetworkMode, Profile, expand
@@ -27,8 +26,7 @@ WRITE = ".sbxc-write-"  # a file the task creates where it may
 MAX_HOST_ENTRIES = 3
 
 
-@dataclasses.dataclass(frozen=True)
-class HostView:
+class HostView(NamedTuple):
     """What the harness knows about the host, for comparison with what the task saw."""
 
     namespaces: Mapping[str, str]  # ns name -> "pid:[4026531836]"
@@ -43,8 +41,7 @@ class HostView:
     cgroup: str = ""  # the harness's own cgroup v2 path (its /proc/self/cgroup `0::` line)
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """What one task must try and report, derived from the profile by `build` and handed to the witness
     program (conformance/inside.py) as the JSON first line of its text (`program`)."""
 
@@ -443,8 +440,7 @@ def program(plan: Plan) -> str:
     return f"PLAN = {json.dumps(plan.to_json())!r}\n{source}"
 
 
-@dataclasses.dataclass(frozen=True)
-class Task:
+class Task(NamedTuple):
     """One live task's observations, plus what the harness saw on the host around it."""
 
     doc: Mapping[str, Any]

@@ -6,7 +6,6 @@ drop a promise, because a promise not made is a promise not tested."""
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import re
 import string
@@ -14,7 +13,9 @@ import tomllib
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+from probes.finding import EMPTY
 
 # The placeholders a profile path (and an external launcher prefix) may use; conformance/layout.py
 # gives each one a value.
@@ -82,8 +83,7 @@ class WriteSurface(enum.StrEnum):
 STRICT_REFUSAL = ("EROFS",)
 
 
-@dataclasses.dataclass(frozen=True)
-class Filesystem:
+class Filesystem(NamedTuple):
     """[filesystem]: what the task may read, write or see of each listed path, how a refused write there
     may be refused, and whether every writable mount of host storage must be declared. Paths are as the
     task sees them, with the layout's placeholders."""
@@ -107,8 +107,7 @@ class Filesystem:
     write_surface: WriteSurface = WriteSurface.declared
 
 
-@dataclasses.dataclass(frozen=True)
-class TaskSection:
+class TaskSection(NamedTuple):
     """[task]: the directories the platform gives a task: its control directory (read-only, only this
     task's, seeded with the named files), its user's writable temp directory, the directory it starts in."""
 
@@ -118,8 +117,7 @@ class TaskSection:
     workdir: str | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Namespaces:
+class Namespaces(NamedTuple):
     """[namespaces]: which of the pid, ipc and uts namespaces the task has to itself (shared: no promise
     made), and the hostname it sees in its own uts namespace."""
 
@@ -129,8 +127,7 @@ class Namespaces:
     hostname: str | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Process:
+class Process(NamedTuple):
     """[process]: which capabilities the task's process may hold, whether it runs with no_new_privs, and
     what its PID 1 is called."""
 
@@ -141,25 +138,22 @@ class Process:
     init: tuple[str, ...] | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Environment:
+class Environment(NamedTuple):
     """[environment]: which variables may reach the task at all, and the values some of them must have
     (placeholders expanded)."""
 
     allow: tuple[str, ...] | None = None  # None: no promise about the environment
-    set: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    set: Mapping[str, str] = EMPTY
 
 
-@dataclasses.dataclass(frozen=True)
-class Limits:
+class Limits(NamedTuple):
     """[limits]: the cgroup v2 limits (memory.max, pids.max) the sandbox promises to hold each task to."""
 
     memory_max: int | None = None  # bytes; None: no limit promised ("max" too)
     pids_max: int | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Profile:
+class Profile(NamedTuple):
     """What a sandbox promises a task: one profile file, parsed and validated (`parse`, `load`), a field per
     section. `promises` names the witness families it makes; a promise not made is not tested."""
 
@@ -263,12 +257,16 @@ _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
 
 
+# `fail`'s "no value to show": any value given, a falsy one too, is shown.
+_NOTHING = object()
+
+
 class _Reader:
     def __init__(self, file: str, doc: Mapping[str, Any]) -> None:
         self.file, self.doc = file, doc
 
-    def fail(self, key: str, expected: str, got: Any = dataclasses.MISSING) -> ProfileError:
-        if got is not dataclasses.MISSING:
+    def fail(self, key: str, expected: str, got: Any = _NOTHING) -> ProfileError:
+        if got is not _NOTHING:
             expected = f"{expected} (got {got!r})"
         return ProfileError(self.file, key, expected)
 

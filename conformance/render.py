@@ -10,12 +10,11 @@ fleet tooling and the tests parse it. The `table` form is for eyes only."""
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import re
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 Row = tuple[str, str, str]  # (promise label, verdict: kept | BROKEN | not tested, what the task saw)
 
@@ -64,8 +63,7 @@ VERDICT_STYLE: dict[str, tuple[str, ...]] = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Style:
+class Style(NamedTuple):
     """How text is painted: in ANSI colours (SGR) when `colour` is set, a verdict word in the style
     VERDICT_STYLE gives it; unchanged otherwise."""
 
@@ -97,7 +95,7 @@ def grouped(rows: Iterable[Row]) -> list[Row]:
     return [row for rs in by.values() for row in rs]
 
 
-def lines_text(rows: Iterable[Row], style: Style = Style()) -> list[str]:
+def lines_text(rows: Iterable[Row], style: Style = PLAIN) -> list[str]:
     return [f"{label}: {style.verdict(verdict)}{': ' + detail if detail else ''}"
             for label, verdict, detail in grouped(rows)]
 
@@ -112,7 +110,7 @@ def parse_lines_text(text: str) -> list[Row]:
             for m in map(_LINE.match, text.splitlines()) if m]
 
 
-def table_text(rows: Iterable[Row], *, width: int = 0, style: Style = Style()) -> list[str]:
+def table_text(rows: Iterable[Row], *, width: int = 0, style: Style = PLAIN) -> list[str]:
     """An aligned table: the family named once per group, then its parameter; the verdict column
     aligned; what the task saw wrapped to `width` (0: never wrapped) under its own column."""
     rows = grouped(rows)

@@ -7,17 +7,17 @@ with one line naming the option; each caller turns it into its own usage error (
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from conformance import bwrap_argv
 from conformance import profile as profile_mod
 from conformance.handover import handed_down
 from conformance.launch import REFERENCE, Launcher, LauncherKind, external
-from probes.finding import Finding
+from probes.finding import EMPTY, Finding
 
 REQUIRE_ENV = "SANDBOX_CONFORMANCE_REQUIRE"
 # A name a launcher's environment may carry: what a shell accepts as a variable name.
@@ -28,8 +28,7 @@ class SettingsError(ValueError):
     """One line naming the option and what was expected."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
+class Settings(NamedTuple):
     """One witness run's settings, checked once by `build` and frozen. `witness` and a plain pytest run
     each make one the same way and hand it to the pytest plugin."""
 
@@ -43,7 +42,7 @@ class Settings:
     host_cannot_observe: str | None = None  # why the host cannot see the launcher's tasks
     harness_leaf: bool = False  # an external launcher's tasks get the harness's cgroup leaf too
     # Extra variables for the launcher's otherwise minimal environment (--launcher-env NAME=VALUE).
-    launcher_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    launcher_env: Mapping[str, str] = EMPTY
     # Where each task's layout is made (--layout-root): a sandbox with a private /tmp needs another.
     layout_root: str | None = None
     # Guard findings handed down by `run` (conformance/handover.py); None: the session probes for itself.

@@ -8,12 +8,12 @@ option also WORKS on this host (it needs a user namespace) is the ladder's `disa
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import os
 import re
 import stat
 import threading
+from typing import NamedTuple
 
 from probes.finding import Finding, Verdict
 from probes.host import Host
@@ -34,8 +34,7 @@ VFS_CAP_FLAGS_EFFECTIVE = 0x000001  # <linux/capability.h>
 _VERSION = re.compile(r"bubblewrap\s+(\d+(?:\.\d+)*)")
 
 
-@dataclasses.dataclass(frozen=True)
-class BwrapInfo:
+class BwrapInfo(NamedTuple):
     """What one look at the bwrap binary found: where it is, its version, its setuid bit or file
     capabilities, and whether it accepts --disable-userns. Made once per Host (`inspect`)."""
 

@@ -7,11 +7,11 @@ ownership check below, and its child is removed in a `finally`, even on error.""
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from probes import mountinfo
 from probes.cgroupfs import (
@@ -45,8 +45,7 @@ def resolve_root(own: str) -> str:
     return "/" + "/".join(parts)
 
 
-@dataclasses.dataclass(frozen=True)
-class CgroupLayout:
+class CgroupLayout(NamedTuple):
     """The host's cgroup layout as `decide_layout` reads it from statfs and mountinfo: which kind, the
     cgroup2 mount to resolve paths through, and where the two sources disagree."""
 
@@ -117,8 +116,7 @@ def _xattr(path: Path, name: str) -> str | None:
         raise
 
 
-@dataclasses.dataclass(frozen=True)
-class RootState:
+class RootState(NamedTuple):
     """What we observed about a candidate delegated root; decided on by `blockers()`, a pure function."""
 
     path: str  # host-absolute

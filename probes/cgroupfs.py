@@ -10,11 +10,11 @@ are too: tests/vm_selfcheck.py loads the leaf code under `python3 -I -S` in the 
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import errno
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from probes import mountinfo
 from probes.errnos import errname
@@ -139,8 +139,7 @@ class CgroupFs:
 # ---- the memory.max proof -------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class Proof:
+class Proof(NamedTuple):
     """What `prove` found: whether a throwaway child under the root took a memory.max write and read it
     back, with the evidence."""
 

@@ -9,8 +9,8 @@ No I/O here: `probes.ladder` gathers `Signals` from a Host and runs the trials; 
 
 from __future__ import annotations
 
-import dataclasses
 import enum
+from typing import NamedTuple
 
 from probes.finding import Verdict
 
@@ -99,8 +99,7 @@ _USERNS_BLOCKERS = frozenset({Cause.unprivileged_userns_clone, Cause.max_user_na
 CAP_SYS_ADMIN = 21
 
 
-@dataclasses.dataclass(frozen=True)
-class Signals:
+class Signals(NamedTuple):
     """Independent facts about the host and the trial's process context. None: could not be read."""
 
     euid: int = 0
@@ -165,8 +164,7 @@ class Step(enum.StrEnum):
     no_report = "no_report"  # the program ran but printed nothing we could parse
 
 
-@dataclasses.dataclass(frozen=True)
-class TrialOutcome:
+class TrialOutcome(NamedTuple):
     """What one rung's trial did."""
 
     ok: bool
@@ -177,8 +175,7 @@ class TrialOutcome:
     detail: str = ""  # for the reason: version, interface list, ...
 
 
-@dataclasses.dataclass(frozen=True)
-class Classification:
+class Classification(NamedTuple):
     """What `classify` made of one rung's trial: the verdict, the cause it names (None when the trial
     worked), and the one-line reason for a person."""
 

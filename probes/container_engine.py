@@ -8,12 +8,11 @@ docker group). Only then is the CLI asked (`docker info`), with a short timeout.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from probes.errnos import errname
 from probes.finding import Finding, Verdict
@@ -29,8 +28,7 @@ CLI_ENV = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG", "DO
            "XDG_CONFIG_HOME")
 
 
-@dataclasses.dataclass(frozen=True)
-class Endpoint:
+class Endpoint(NamedTuple):
     cli: str  # "docker" | "podman"
     address: str | None  # "unix:///var/run/docker.sock", "tcp://...", or None for podman's local mode
     source: str  # where it came from: "DOCKER_HOST", "context foo", "default", "local"
@@ -108,8 +106,7 @@ NO_LISTENER = ("ENOENT", "ECONNREFUSED", "ENOTDIR")
 REFUSED_US = ("EACCES", "EPERM")
 
 
-@dataclasses.dataclass(frozen=True)
-class Attempt:
+class Attempt(NamedTuple):
     cli: str
     path: str
     endpoint: Endpoint

@@ -30,12 +30,11 @@ answer is failed."""
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import os
 import pwd
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from probes import container_engine as engines
 from probes.finding import Finding, Verdict
@@ -53,8 +52,7 @@ UNIT_TYPES = (".service", ".scope")  # what list-units --type=service,scope can 
 CMD_TIMEOUT = 10.0
 
 
-@dataclasses.dataclass(frozen=True)
-class Signature:
+class Signature(NamedTuple):
     unit_suffixes: tuple[str, ...] = ()
     config_paths: tuple[str, ...] = ()
     container_names: tuple[str, ...] = ()
@@ -128,8 +126,7 @@ def signature_files(host: Host) -> list[tuple[str, bool]]:
     return files
 
 
-@dataclasses.dataclass(frozen=True)
-class Loaded:
+class Loaded(NamedTuple):
     signature: Signature
     read: tuple[str, ...]
     errors: tuple[str, ...]  # "path: problem"
@@ -158,8 +155,7 @@ def load(host: Host) -> Loaded:
     return Loaded(sig, tuple(read), tuple(errors))
 
 
-@dataclasses.dataclass(frozen=True)
-class Arm:
+class Arm(NamedTuple):
     state: str  # "matched" | "clear" | "failed" | "not configured"
     detail: str
     matches: tuple[str, ...] = ()

@@ -3,30 +3,44 @@ a fake host in tmp_path and an integration test can use the real one (psutil's P
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import pwd
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from probes.run import Runner, run
 
 
-@dataclasses.dataclass(frozen=True)
-class Host:
-    """The host a probe looks at (see the module doc): where its /, /proc and /sys are, its environment and
-    euid, and how its trials run. A test builds a fake one in tmp_path."""
-
-    root: Path = Path("/")  # the filesystem root marker files are looked up under
-    proc: Path = Path("/proc")
-    sys: Path = Path("/sys")
-    env: Mapping[str, str] = dataclasses.field(default_factory=lambda: dict(os.environ))
-    runner: Runner = run
-    euid: int = dataclasses.field(default_factory=os.geteuid)
+class _HostFields(NamedTuple):
+    root: Path  # the filesystem root marker files are looked up under
+    proc: Path
+    sys: Path
+    env: Mapping[str, str]
+    runner: Runner
+    euid: int
     # When set, trials run as this user (through setpriv), not as ourselves: `probe --as-user`.
-    as_user: str | None = None
-    timeout: float = 10.0
+    as_user: str | None
+    timeout: float
+
+
+class Host(_HostFields):
+    """The host a probe looks at (see the module doc): where its /, /proc and /sys are, its environment and
+    euid, and how its trials run. A test builds a fake one in tmp_path. `env` and `euid` default to this
+    process's, read when the Host is made."""
+
+    __slots__ = ()
+
+    def __new__(cls, root: Path = Path("/"), proc: Path = Path("/proc"), sys: Path = Path("/sys"),
+                env: Mapping[str, str] | None = None, runner: Runner = run, euid: int | None = None,
+                as_user: str | None = None, timeout: float = 10.0) -> Host:
+        return super().__new__(cls, root, proc, sys, dict(os.environ) if env is None else env, runner,
+                               os.geteuid() if euid is None else euid, as_user, timeout)
+
+    def _replace(self, **changes: Any) -> Host:
+        # NamedTuple's own _replace builds the tuple directly, past the defaults above.
+        return Host(**{**self._asdict(), **changes})
 
     def path(self, absolute: str) -> Path:
         """A host-absolute path under this host's root."""

@@ -21,7 +21,6 @@ path: what the combined trial did and why it did not answer)."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno as errno_mod
 import functools
 import json
@@ -270,7 +269,7 @@ def with_trial_context(signals: Signals, report: Mapping[str, Any] | None) -> Si
         changes["apparmor_label"] = report["apparmor"]
     if "nproc_limit" in report:
         changes["nproc_limit"] = report["nproc_limit"]
-    return dataclasses.replace(signals, **changes)
+    return signals._replace(**changes)
 
 
 # ---------------------------------------------------------------- trials
@@ -585,7 +584,7 @@ def _slow_findings(host: Host, info: bwrap_probe.BwrapInfo, combined: str) -> li
             reports[rung] = None
 
     if any(o.errno == "EAGAIN" for o in outcomes.values()) and signals.nproc_limit is not None:
-        signals = dataclasses.replace(signals, nproc_used=count_processes(host, signals.euid))
+        signals = signals._replace(nproc_used=count_processes(host, signals.euid))
     succeeded = frozenset(r for r, o in outcomes.items() if o.ok)
     sig_ev = _signal_evidence(signals)
     findings: list[Finding] = []

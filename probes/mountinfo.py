@@ -5,10 +5,10 @@ kernel's table and not whatever the sandbox shows the task)."""
 
 from __future__ import annotations
 
-import dataclasses
 import posixpath
 import re
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 # Filesystems that hold no host data a write could land in: each is an instance of kernel state, not
 # storage (a procfs write is a sysctl, governed by capabilities, not by the mount).
@@ -41,8 +41,7 @@ def unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
 
 
-@dataclasses.dataclass(frozen=True)
-class Mount:
+class Mount(NamedTuple):
     """One line of mountinfo: a mount, the subtree of its filesystem it shows and where, with the mount's
     and the superblock's options."""
 
@@ -168,8 +167,7 @@ def serving(mounts: Sequence[Mount], path: str) -> Mount | None:
     return _longest(on_top(mounts), path)
 
 
-@dataclasses.dataclass(frozen=True)
-class Location:
+class Location(NamedTuple):
     """A path as the filesystem knows it: which filesystem, and where in it."""
 
     dev: str
@@ -183,8 +181,7 @@ def locate(mounts: Sequence[Mount], path: str) -> Location | None:
     return Location(m.dev, _join(m.root, _rel(path, m.mount_point)))
 
 
-@dataclasses.dataclass(frozen=True)
-class Exposure:
+class Exposure(NamedTuple):
     """`what` (a Location) is reachable at `path` through `mount`."""
 
     path: str

@@ -18,7 +18,6 @@ by age). Stdlib only (the guardian and the VM's guest import nothing else)."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import os
 import re
@@ -28,6 +27,7 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from probes import mountinfo
 from probes.errnos import errname
@@ -45,8 +45,7 @@ KILL_TIMEOUT = 10.0
 _STAMP = re.compile(r"o(\d+)\.(\d+)\.([0-9a-f]{8})")
 
 
-@dataclasses.dataclass(frozen=True)
-class Stamp:
+class Stamp(NamedTuple):
     """An owner's stamp, `o<pid>.<start>.<host>` in a name (see the module doc): one process of one boot and
     pid namespace."""
 
@@ -116,8 +115,7 @@ def gone(owner: Stamp, proc: Path = Path("/proc")) -> bool:
     return start_time(owner.pid, proc) != owner.start
 
 
-@dataclasses.dataclass(frozen=True)
-class Swept:
+class Swept(NamedTuple):
     """One stamped item the sweep found whose run is gone: removed, or left with why; `line` says which."""
 
     path: str

@@ -13,9 +13,9 @@ The weighing is the pure `decide(ContainerSignals)`; `gather(host)` does the rea
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
+from typing import NamedTuple
 
 from probes.classify import wsl_of
 from probes.finding import Finding, Verdict
@@ -39,8 +39,7 @@ MARKERS = (("/run/.containerenv", "podman"), ("/.dockerenv", "docker"))
 SANDBOX_PID1 = frozenset({"bwrap"})
 
 
-@dataclasses.dataclass(frozen=True)
-class ContainerSignals:
+class ContainerSignals(NamedTuple):
     declared: tuple[tuple[str, str], ...] = ()  # (source, manager name) from tier 1
     markers: tuple[tuple[str, str], ...] = ()  # (path, implied manager) from tier 2
     cgroup_hint: tuple[str, str] | None = None  # (cgroup line, manager)
@@ -58,8 +57,7 @@ class ContainerSignals:
         return self.pidns_initial is False and self.pid1_comm in SANDBOX_PID1
 
 
-@dataclasses.dataclass(frozen=True)
-class ContainerDecision:
+class ContainerDecision(NamedTuple):
     verdict: Verdict
     container: str | None
     conflict: bool

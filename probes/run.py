@@ -10,7 +10,6 @@ outlives it, whichever thread that is."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import functools
 import os
@@ -21,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from probes import cancel
 
@@ -33,8 +32,7 @@ ENV_ALLOWLIST = ("PATH", "LANG", "LC_ALL", "TERM", "TZ")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-@dataclasses.dataclass(frozen=True)
-class Completed:
+class Completed(NamedTuple):
     """What a child run through this module did: how it ended, what it printed, how long it took. A Runner
     returns one."""
 

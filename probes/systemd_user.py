@@ -8,8 +8,8 @@ something else), or no user manager for this uid (no login session and no linger
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
+from typing import NamedTuple
 
 from probes.finding import Finding, Verdict
 from probes.host import Host
@@ -44,8 +44,7 @@ def _read(path: Path) -> str | None:
         return None
 
 
-@dataclasses.dataclass(frozen=True)
-class Observed:
+class Observed(NamedTuple):
     booted: bool  # /run/systemd/system exists: systemd is PID 1 (sd_booted(3))
     pid1: str
     private: str | None  # $XDG_RUNTIME_DIR/systemd/private when it exists

@@ -386,7 +386,7 @@ def run_container(engine: Engine, options: WitnessOptions, *, image: str, timeou
             legs = []
             for label, as_user in LEGS:
                 opts, reports = inside_options(options, label=label, inputs=inputs)
-                opts = dataclasses.replace(opts, as_user=as_user)
+                opts = opts._replace(as_user=as_user)
                 say(f"container: witness suite as {label}"
                     + (f" (harness as root, every task launched as {as_user})" if as_user else ""))
                 with progress.stage(f"container as {label}", heartbeat=HEARTBEAT) as st:

@@ -21,9 +21,9 @@ The rules (issue 4):
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from probes.finding import Finding, Verdict
 
@@ -84,16 +84,14 @@ class Mode(enum.StrEnum):
     vm = enum.auto()  # issue 5: a Debian kernel under qemu with a pure cgroup v2 hierarchy (runners/vm/)
 
 
-@dataclasses.dataclass(frozen=True)
-class Request:
+class Request(NamedTuple):
     """What the user asked of `run`: the input `decide` weighs against the probe findings."""
 
     mode: Mode = Mode.auto
     delegate: bool = False  # re-execute a native run under `systemd-run --user -p Delegate=yes`
 
 
-@dataclasses.dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
     """What `decide` answered for this host: a mode and why, or a refusal with its reason and the ways on;
     either way, the notes the run's output must carry."""
 
@@ -221,8 +219,7 @@ def _not_linux(plat: Finding) -> str | None:
     return None
 
 
-@dataclasses.dataclass(frozen=True)
-class Blocker:
+class Blocker(NamedTuple):
     """One thing that keeps auto from choosing native, and what would lift it (None: nothing we can
     name beyond the probe's evidence)."""
 

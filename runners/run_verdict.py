@@ -13,13 +13,12 @@ consumers of those files (fleet-report, the Ansible witness module) read them as
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 VERSION = 1
 FLAG = "--verdict-json"
@@ -28,8 +27,7 @@ ENV = "SANDBOX_CONFORMANCE_VERDICT_JSON"  # the environment form of FLAG
 WORDS = ("PASS", "FAIL", "REFUSED", "ERROR")
 
 
-@dataclasses.dataclass(frozen=True)
-class RunVerdict:
+class RunVerdict(NamedTuple):
     """How one `run` ended, as the verdict document holds it (`to_json`, `from_json`): the verdict and exit,
     the mode, and for a refusal its reason and the ways on."""
 

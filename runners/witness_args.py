@@ -5,14 +5,13 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections.abc import Callable
+from typing import NamedTuple
 
 from conformance import output
 
 
-@dataclasses.dataclass(frozen=True)
-class WitnessOptions:
+class WitnessOptions(NamedTuple):
     """The witness command's options as `run` forwards them: made from `run`'s arguments (`from_args`),
     remapped for a run elsewhere (`relocated`), and turned back into the witness's arguments (`argv`)."""
 
@@ -45,8 +44,7 @@ class WitnessOptions:
         def each(f: Callable[[str, str], str], path: str | None, key: str) -> str | None:
             return None if path is None else f(path, key)
 
-        return dataclasses.replace(
-            self,
+        return self._replace(
             profile=each(infile, self.profile, "profile"),
             expected_skips=each(infile, self.expected_skips, "expected-skips"),
             junitxml=each(outfile, self.junitxml, "junit"),

@@ -5,15 +5,15 @@ TestRunModeVm), the only place this hybrid host can give a delegated cgroup v2 r
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from conformance import harness, plan
+from conformance import cgroup_leaf, harness, plan
 from conformance import profile as profile_mod
 
 
@@ -29,10 +29,10 @@ def test_the_trials_are_sized_from_the_profiles_limits_not_the_leafs() -> None:
 
 def test_no_limit_means_no_trial_and_a_huge_pids_max_is_not_forked_out() -> None:
     prof = profile_mod.load(None)
-    none = dataclasses.replace(prof, limits=profile_mod.Limits())
+    none = prof._replace(limits=profile_mod.Limits())
     t = plan.cgroup_trials(none, {"workdir": "/w"}, "n", None)
     assert t["memory_alloc"] is None and t["pids_forks"] is None and t["neighbour_writes"] == []
-    huge = dataclasses.replace(prof, limits=profile_mod.Limits(pids_max=plan.PIDS_TRIAL_CAP + 1))
+    huge = prof._replace(limits=profile_mod.Limits(pids_max=plan.PIDS_TRIAL_CAP + 1))
     assert plan.cgroup_trials(huge, {"workdir": "/w"}, "n", None)["pids_forks"] is None
     assert "cgroup" not in none.promises()
 
@@ -80,3 +80,39 @@ def test_the_host_view_of_a_process_matches_what_it_knows_of_itself() -> None:
     assert me is not None and me["sid"] == os.getsid(0) and me["nspid"][-1] == os.getpid()
     assert me["state"] in "RS" and me["cgroup"] == Path("/proc/self/cgroup").read_text().splitlines()
     assert harness.host_view(2**22 + 1) is None  # above pid_max: gone, not an error
+
+
+class _MarkerLeaf:
+    """Stands in for the task's cgroup leaf (no delegated root here): empty, and its kill SIGKILLs the
+    process that wrote the marker, as cgroup.kill would the task."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def procs(self) -> list[int]:
+        return []
+
+    def kill(self, *, timeout: float) -> cgroup_leaf.KillMethod:
+        os.kill(json.loads(self.marker.read_text())["pid"], signal.SIGKILL)
+        return cgroup_leaf.KillMethod.cgroup_kill
+
+
+def test_a_launch_ended_by_the_harness_tree_kill_is_reported_as_the_clean_exit_it_is(tmp_path: Path) -> None:
+    """The launcher dies of the harness's own SIGKILL once the document is out: the runner reports
+    exit 0 and keeps what the launch printed. A SIGKILL the harness did not send stays one."""
+    marker = tmp_path / "marker"
+    # `exec` keeps the pid the marker names: the sleep is what the kill ends.
+    script = f'echo doc; echo "{{\\"ready\\": true, \\"pid\\": $$}}" > {marker}; exec sleep 30'
+    killer = harness._TreeKill(_MarkerLeaf(marker), marker, timeout=20)
+    killer.start()
+    try:
+        done = killer.runner(["sh", "-c", script], timeout=20)
+    finally:
+        killer.stop()
+    assert killer.killed, killer.result
+    assert done.returncode == 0 and not done.timed_out and done.seconds < 20
+    assert done.stdout == "doc\n"
+
+    other = harness._TreeKill(_MarkerLeaf(marker), tmp_path / "never", timeout=20)
+    unexpected = other.runner(["sh", "-c", "kill -9 $$"], timeout=20)
+    assert unexpected.returncode == -signal.SIGKILL and not other.killed

@@ -162,7 +162,7 @@ class FakeRunner:
         refused = [k for k in ("unshare", "setgroups", "uid_map", "gid_map") if (userns or {}).get(k)]
         if refused:
             return fail(f"bwrap: (fake) {refused[0]} refused: {userns[refused[0]]}")  # type: ignore[index]
-        return dataclasses.replace(done(json.dumps({**report, **(answer or {})}) + "\n"), argv=argv)
+        return done(json.dumps({**report, **(answer or {})}) + "\n")._replace(argv=argv)
 
     def __call__(self, argv: Sequence[str], *, timeout: float, input: str | None = None,
                  env: Mapping[str, str] | None = None, cwd: str | None = None) -> Completed:
