@@ -13,7 +13,6 @@ import contextlib
 import errno
 import functools
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -22,7 +21,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
-from probes import cancel
+from probes import cancel, child_exit
+from probes.child_exit import wait_exit
 
 T = TypeVar("T")
 
@@ -198,45 +198,6 @@ def run(
         cancel.untrack(proc.pid)
 
 
-def wait_exit(proc: subprocess.Popen[str], timeout: float) -> bool:
-    """Wait up to `timeout` for the child to exit and reap it: True, or False when it is still running.
-
-    Popen.wait(timeout=...) polls, sleeping up to 50 ms between looks (subprocess.Popen._wait), so a
-    child that exits is noticed up to 50 ms late: a witness launch paid that on every task. A pidfd
-    (_exited) becomes readable the moment the child exits; where there is none, Popen.wait as before."""
-    exited = _exited(proc.pid, timeout)
-    if exited is None:
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return False
-        return True
-    if exited:
-        proc.wait()  # exited: this reaps it at once
-        return True
-    return proc.poll() is not None
-
-
-def _exited(pid: int, timeout: float) -> bool | None:
-    """Wait up to `timeout` for our child `pid` to exit, without reaping it: True once it has, False
-    while it still runs, None where there is no pidfd (pidfd_open(2), Linux 5.3) and the caller must
-    wait its own way. The child is ours and not yet reaped, so its pid cannot have been reused."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
-    try:
-        poller = select.poll()
-        poller.register(pidfd, select.POLLIN)
-        deadline = time.monotonic() + max(0.0, timeout)
-        while not poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
-            if time.monotonic() >= deadline:
-                return False
-        return True
-    finally:
-        os.close(pidfd)
-
-
 class Background(Generic[T]):
     """fn(*args) on its own thread, started at once; result() waits and returns its value or re-raises
     what it raised. The probes' concurrency (concurrent.futures would import logging, ~4 ms of every
@@ -317,10 +278,10 @@ class Forked:
 
     def _reap(self, within: float | None) -> bool:
         """Reap it, waiting up to `within` seconds (None: for as long as it takes): True once it is
-        reaped, its code in returncode. A pidfd wakes the moment it exits (_exited); where there is
-        none, a short poll."""
+        reaped, its code in returncode. A pidfd wakes the moment it exits (probes/child_exit.py);
+        where there is none, a short poll."""
         if within is not None:
-            exited = _exited(self.pid, within)
+            exited = child_exit.exited(self.pid, within)
             if exited is None:
                 deadline = time.monotonic() + within
                 while not self._waitpid(os.WNOHANG) and time.monotonic() < deadline:

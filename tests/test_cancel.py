@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from probes import owner
+from probes import guardian, owner
 from probes.owner import Stamp
 
 if TYPE_CHECKING:
@@ -224,6 +224,55 @@ def test_the_guardian_of_an_owner_that_undid_everything_exits_at_once_and_quietl
     g = _guardian()
     _, err = g.communicate(b'{"key": 1, "argv": ["false"]}\n{"done": 1}\n', timeout=10)
     assert g.returncode == 0 and err == b""
+
+
+def test_the_guardian_removes_a_cgroup_tree_children_before_parents(tmp_path: Path) -> None:
+    # A plain directory tree stands in for a cgroup: no cgroup.procs to read, and rmdir of a directory
+    # that still has a child fails (ENOTEMPTY), so removing all of it proves the bottom-up order.
+    top = tmp_path / "task-1"
+    for d in ("a/a1", "a/a2/deep", "b"):
+        (top / d).mkdir(parents=True)
+    assert guardian.remove_cgroup(str(top), timeout=5) == f"removed cgroup {top}"
+    assert not top.exists() and sorted(tmp_path.iterdir()) == []  # and no cgroup.kill made next to it
+    assert guardian.remove_cgroup(str(top), timeout=5) == ""  # gone already: nothing to say
+
+
+def test_the_guardian_kills_every_pid_a_cgroup_tree_lists_and_names_what_it_could_not_remove(
+        tmp_path: Path) -> None:
+    # A cgroup.procs that never empties (a regular file, unlike cgroupfs's): the guardian SIGKILLs what
+    # it lists until its deadline, then says which directory it could not remove and why.
+    top = tmp_path / "task-1"
+    (top / "sub").mkdir(parents=True)
+    inside = subprocess.Popen(["sleep", "60"])
+    try:
+        (top / "sub" / "cgroup.procs").write_text(f"{inside.pid}\n")
+        started = time.monotonic()
+        said = guardian.remove_cgroup(str(top), timeout=0.3)
+        assert inside.wait(timeout=10) == -signal.SIGKILL
+        assert said == f"could not remove cgroup {top / 'sub'}: ENOTEMPTY"
+        assert time.monotonic() - started < 5  # ENOTEMPTY is not retried as EBUSY is
+    finally:
+        inside.kill()
+        inside.wait()
+
+
+def test_the_guardian_kills_and_removes_a_registered_cgroup_leaf(cgroup2_scratch: Path) -> None:
+    leaf = cgroup2_scratch / "task-leaf"
+    (leaf / "child").mkdir(parents=True)
+    inside = subprocess.Popen(["sh", "-c", f'echo $$ > {leaf}/child/cgroup.procs && exec sleep 60'])
+    try:
+        deadline = time.monotonic() + 5
+        while not (leaf / "child" / "cgroup.procs").read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert (leaf / "child" / "cgroup.procs").read_text().split() == [str(inside.pid)]
+        g = _guardian()
+        _, err = g.communicate(json.dumps({"key": 1, "cgroup": str(leaf)}).encode() + b"\n", timeout=30)
+        assert inside.wait(timeout=10) == -signal.SIGKILL
+        assert not leaf.exists()
+        assert f"pid 4242 is gone: removed cgroup {leaf}" in err.decode()
+    finally:
+        inside.kill()
+        inside.wait()
 
 
 # ---------------------------------------------------------------- cancelling real runs
