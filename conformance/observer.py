@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-from probes import mountinfo
+from probes import cancel, mountinfo
 from probes.cgroupfs import own_cgroup
 from probes.errnos import errname
 from probes.finding import EMPTY
@@ -385,9 +385,14 @@ def survivors(
     task_pidns = seen.namespaces.get("pid", "")
     task_sid = seen.proc_stat.get("sid") if not isinstance(seen.proc_stat, str) else None
     me = os.getpid()
+    # Ours, never the launch's: this process and its guardian (probes/cancel.py). The guardian is a
+    # child of ours, so one started less than two clock ticks before a launch's `since` (a `run`'s
+    # forked witness on a fast machine) would pass for an orphan of it: reported as a leftover of
+    # the sandbox, and killed.
+    ours = {str(me), str(cancel.guardian_pid())}
     out = []
     for name in os.listdir(proc):
-        if not name.isdigit() or int(name) == me:
+        if not name.isdigit() or name in ours:
             continue
         try:
             text = _read(f"{proc}/{name}/stat")

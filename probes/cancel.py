@@ -94,6 +94,13 @@ def install(label: str) -> None:
     _start_guardian()
 
 
+def guardian_pid() -> int | None:
+    """Our guardian's pid while it runs: a child of ours that no launch made (conformance/observer.py
+    must not take it for an orphan of one)."""
+    g = _state.guardian
+    return g.pid if g is not None else None
+
+
 def set_label(label: str) -> None:
     """What the verdict line calls this run (`run` sets the mode it chose)."""
     _state.label = label

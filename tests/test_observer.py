@@ -79,6 +79,27 @@ def test_a_double_forked_daemon_of_the_launch_is_found_as_an_orphan_and_killed()
     assert not Path(f"/proc/{left[0]['pid']}").exists()
 
 
+def test_our_own_guardian_is_never_an_orphan_of_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child of ours started just before a launch looks like an orphan of it (ppid us, started after
+    `since`): the guardian, which is ours, is left out; the same process unnamed is reported, so the
+    test sees the difference and not an empty scan."""
+    since = observer.boot_ticks() - 1
+    stand_in = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        seen = observer.Seen(0, {}, "error", "error", "error", "", "error")
+
+        def left() -> list[int]:
+            found = observer.survivors(seen, -1, host_namespaces={}, harness_sid=os.getsid(0), since=since)
+            return [p["pid"] for p in found]
+
+        assert stand_in.pid in left()  # unnamed: an orphan of the launch, as far as the scan can tell
+        monkeypatch.setattr(observer.cancel, "guardian_pid", lambda: stand_in.pid)
+        assert stand_in.pid not in left()
+    finally:
+        stand_in.kill()
+        stand_in.wait(timeout=10)
+
+
 def test_a_document_from_another_launch_or_for_another_plan_is_a_harness_error() -> None:
     plan = Plan(
         task_id="t",
