@@ -298,12 +298,25 @@ def _stand_by(fd: int) -> bool:
     return said is not None
 
 
+def _checked_early(args: argparse.Namespace) -> Settings | Exception:
+    """A standing-by witness checks its options while `run` probes (~5 ms, the profile parsed), and
+    keeps what it found to say it only once told to go: a run that goes another way says nothing. The
+    findings `run` hands down come with its word, so they are added then (handover.handed_down)."""
+    try:
+        return _validate(args)
+    except Exception as e:  # raised after the word to go, where _validate would have raised it
+        return e
+
+
 def main(args: argparse.Namespace) -> int:
-    if getattr(args, "standby_fd", None) is not None and not _stand_by(args.standby_fd):
-        return EXIT_OK  # the run went another way: nothing was made here, and there is nothing to say
+    early: Settings | Exception | None = None
+    if getattr(args, "standby_fd", None) is not None:
+        early = _checked_early(args)
+        if not _stand_by(args.standby_fd):
+            return EXIT_OK  # the run went another way: nothing was made here, and nothing to say
     out = output.WitnessOutput.from_args(args)  # its usage errors before any work (conformance/output.py)
     try:
-        code = _main(args, out)
+        code = _main(args, out, early)
     except Refusal as e:
         out.refused(e.reason, e.ways_on)
         raise
@@ -317,8 +330,14 @@ def main(args: argparse.Namespace) -> int:
     return code
 
 
-def _main(args: argparse.Namespace, out: output.WitnessOutput) -> int:
-    settings = _validate(args)
+def _main(args: argparse.Namespace, out: output.WitnessOutput,
+          early: Settings | Exception | None = None) -> int:
+    if isinstance(early, Exception):
+        raise early
+    if early is None:
+        settings = _validate(args)
+    else:
+        settings = early._replace(guard=handover.handed_down(early.as_user, os.environ))
     launcher = settings.launcher if settings.launcher.kind is not LauncherKind.reference else None
     if launcher is None and Host().which("bwrap") is None:
         raise Refusal(

@@ -145,6 +145,31 @@ def test_a_standby_descriptor_that_is_not_open_is_a_usage_error() -> None:
         f"sandbox-conformance witness: {handover.STANDBY_FLAG} 987: not an open descriptor"]
 
 
+@pytest.mark.parametrize("told", ["go", "nothing"])
+def test_a_bad_option_found_while_standing_by_is_said_only_once_told_to_go(tmp_path: Path, told: str) -> None:
+    """The standing-by witness checks its options while `run` probes; what it finds is said after the
+    word to go, as a usage error (exit 2, one line), and never by a witness the run discarded."""
+    r, w = os.pipe()
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "commands.cli", "witness", handover.STANDBY_FLAG, str(r),
+             "--profile", str(tmp_path / "missing.toml")],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=(r,),
+            env={**os.environ, "TMPDIR": str(tmp_path)})
+    finally:
+        os.close(r)
+    os.write(w, handover.GO if told == "go" else b"")
+    os.close(w)
+    out, err = child.communicate(timeout=60)
+    if told == "go":
+        assert child.returncode == 2, err
+        [line] = err.strip().splitlines()
+        assert line.startswith("sandbox-conformance witness: ") and "missing.toml" in line
+    else:
+        assert (child.returncode, out, err) == (0, "", ""), "a discarded witness says nothing"
+    assert [p.name for p in tmp_path.iterdir()] == [], "and makes nothing"
+
+
 def test_go_hands_no_findings_made_for_root_to_a_run_as_another_user(tmp_path: Path) -> None:
     parent, child = scenario("other-user", tmp_path)
     assert parent == {"forked": True, "code": 3}
