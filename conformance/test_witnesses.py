@@ -150,7 +150,9 @@ def test_a_read_only_path_is_readable(sbxc_task: Task, read_only_path: str) -> N
                 f"reading {o['path']} inside gave {seen}, not the host content"
             )
     if os.path.isdir(path):
-        assert sbxc_task.observed("list", path) == "ok"
+        assert sbxc_task.observed("list", path) == "ok", (
+            f"{read_only_path} cannot be listed inside: {sbxc_task.observed('list', path)}"
+        )
         assert sbxc_task.value("list", path), f"{read_only_path} is empty inside but not on the host"
 
 

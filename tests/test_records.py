@@ -104,3 +104,21 @@ def test_a_copy_with_changes_keeps_the_checks_made_at_creation() -> None:
     with pytest.raises(TypeError):
         copy.evidence["n"] = "3"  # type: ignore[index]
     assert Host(env={"A": "1"})._replace(env=None).env == dict(os.environ)
+
+
+def test_every_witness_assert_says_what_the_task_saw() -> None:
+    """The witness session runs with plain asserts (commands/witness.py, for speed): a failed assert's
+    own message is all the verdict's detail and pytest's report have. Only the asserts that narrow a
+    type for mypy (`x is not None` on the harness's own values) may go without one."""
+    import ast
+
+    path = REPO / "conformance" / "test_witnesses.py"
+    src = path.read_text()
+    bare = [
+        f"line {n.lineno}: {ast.get_source_segment(src, n)}"
+        for n in ast.walk(ast.parse(src))
+        if isinstance(n, ast.Assert) and n.msg is None
+        and not (isinstance(n.test, ast.Compare) and isinstance(n.test.ops[0], ast.IsNot)
+                 and isinstance(n.test.comparators[0], ast.Constant) and n.test.comparators[0].value is None)
+    ]
+    assert not bare, "witness asserts without a message: " + "; ".join(bare)
