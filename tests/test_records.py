@@ -74,7 +74,7 @@ def test_probe_imports_neither_dataclasses_nor_inspect() -> None:
 
 
 @pytest.mark.integration
-def test_a_witness_run_makes_no_dataclass_of_ours() -> None:
+def test_a_witness_run_makes_no_dataclass_of_ours(bwrap_path: str) -> None:
     done, seen = _watched("witness")
     # pytest itself imports dataclasses; what counts is that none of ours is made one.
     assert seen["dataclasses"] is True, "the watch saw no dataclasses import: it watched nothing"
