@@ -389,7 +389,8 @@ def survivors(
     # child of ours, so one started less than two clock ticks before a launch's `since` (a `run`'s
     # forked witness on a fast machine) would pass for an orphan of it: reported as a leftover of
     # the sandbox, and killed.
-    ours = {str(me), str(cancel.guardian_pid())}
+    guardian = cancel.guardian_pid()
+    ours = {str(me)} if guardian is None else {str(me), str(guardian)}
     out = []
     for name in os.listdir(proc):
         if not name.isdigit() or name in ours:

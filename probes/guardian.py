@@ -90,10 +90,9 @@ def remove_cgroup(path: str, timeout: float = 10.0) -> str:
     except OSError:
         pass
     deadline = time.monotonic() + timeout
-    # Children before parents (cgroupfs removes only a directory with no children): walk's bottom-up
-    # order, then deepest first; the sort is stable, so siblings keep the order the directory gave.
+    # Children before parents (cgroupfs removes only a directory with no children): os.walk
+    # bottom-up gives every directory after all of its own.
     dirs = [d for d, _, _ in os.walk(path, topdown=False)]
-    dirs.sort(key=lambda d: d.count(os.sep), reverse=True)
     while True:
         pids = []
         for d in dirs:

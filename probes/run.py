@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from probes import cancel, child_exit
-from probes.child_exit import wait_exit
 
 T = TypeVar("T")
 
@@ -377,7 +376,7 @@ def _streamed(
     for t in threads:
         t.start()
     try:
-        timed_out = not wait_exit(proc, timeout)
+        timed_out = not child_exit.wait_exit(proc, timeout)
         # The leader is gone; its output may still be in the pipes. A survivor that holds them keeps
         # the readers waiting: bounded, then after_exit sees (and kills) it.
         for t in readers:
