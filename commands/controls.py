@@ -295,7 +295,7 @@ def execute(
         passed = [t for t, r in baseline.items() if r.outcome is judge_mod.ControlOutcome.passed]
         other = {t: f"{r.outcome}" for t,
                  r in baseline.items() if r.outcome is not judge_mod.ControlOutcome.passed}
-        c = catalogue.unsandboxed(passed, other)
+        c = catalogue.unsandboxed(passed, other, as_root=as_root)
         unsb = Planned(c, ("--launcher", c.prefix or "env"), c.collateral)
     jobs_list = [*todo, *([unsb] if unsb else [])]
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="sbxc-control")

@@ -36,6 +36,8 @@ PERTURBATIONS: Mapping[str, str] = {
     "env_kept": "the launcher's environment is passed through (no --clearenv)",
     # Not an argv change: the harness (conformance/harness.py) still makes and enters the task's
     # cgroup leaf, but writes none of the profile's limits into it.
+    "secret_in_init": "bwrap is started with the launcher's environment (--clearenv alone)",
+    "proc_sys_writable": "the task's /proc/sys is left as bwrap's --proc makes it (read-write)",
     "limits_dropped": "the task's cgroup leaf gets no memory.max / pids.max",
     "leaf_not_entered": "the task's cgroup leaf is made with its limits, but the task never enters it",
 }
@@ -54,6 +56,7 @@ class Facts(NamedTuple):
 
     bwrap: str
     python: str = "/usr/bin/python3"
+    env: str = "/usr/bin/env"
     disable_userns: bool = False  # the `disable_userns` probe: supported
     # /bin etc. -> their symlink target on the host, or None for a real directory; absent: not listed.
     system_links: Mapping[str, str | None] = EMPTY
@@ -132,7 +135,14 @@ def reference_argv(
             f"unknown perturbation(s) {', '.join(sorted(unknown))}; known: {', '.join(PERTURBATIONS)}"
         )
     p, ns = perturbations, profile.namespaces
-    argv: list[str] = [facts.bwrap]
+    argv: list[str] = []
+    if profile.environment.allow is not None and not {"secret_in_init", "env_kept"} & p:
+        # bwrap runs as the sandbox's PID 1 (and its monitor outside) with the environment it was
+        # started with: --clearenv clears only what the TASK execs with, and the task reads the rest
+        # from /proc/1/environ (proc(5): the environment as it was at execve). So bwrap itself is
+        # started with none; --setenv below gives the task exactly the profile's variables.
+        argv += [facts.env, "-i"]
+    argv += [facts.bwrap]
     # Always a user namespace: it is what lets an unprivileged user run a non-setuid bwrap, and
     # --disable-userns requires it (bwrap: "--disable-userns requires --unshare-user").
     argv += ["--unshare-user"]
@@ -172,6 +182,14 @@ def reference_argv(
         argv += ["--symlink", target, d] if target is not None else ["--ro-bind", d, d]
     if ns.pid is Sharing.private and "pid_shared" not in p:
         argv += ["--proc", "/proc"]
+        if "proc_sys_writable" not in p:
+            # bwrap covers /proc/sys with a read-only bind only when access(W_OK) succeeds in its setup,
+            # which it does not under --unshare-user (bubblewrap.c cover_proc_dirs): as root, uid 0 is
+            # mapped to the host's, and the host's sysctls (owner root, 0644) stay writable through the
+            # fresh procfs. The host's /proc/sys, bound read-only, shows the same tables: a sysctl file
+            # answers for the namespaces of whoever opens it (fs/proc/proc_sysctl.c).
+            argv += ["--ro-bind", "/proc/sys", "/proc/sys"]
+            argv += ["--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger"]
     else:
         # A fresh procfs needs a pid namespace our userns owns; without one, show the host's.
         argv += ["--ro-bind", "/proc", "/proc"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import platform
 import shlex
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -43,6 +44,10 @@ class Needs(enum.StrEnum):
     # A usable root, and tasks launched as root: the host's cgroup files belong to uid 0, so an
     # unprivileged task is refused by file modes (EACCES) whatever the sandbox shows it.
     cgroup_root_as_root = enum.auto()
+    # Tasks launched as root: the host's sysctls and device nodes belong to root (0644, 0600), so an
+    # unprivileged task is refused by file modes whatever the sandbox exposes.
+    as_root = enum.auto()
+    x86_64 = enum.auto()  # the i386 entry point (int 0x80) exists only there
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +128,11 @@ CGROUP_OOM = _w("test_an_allocation_past_memory_max_is_oom_killed")
 CGROUP_PIDS = _w("test_forking_past_pids_max_fails_with_eagain")
 CGROUP_KILL = _w("test_a_task_tree_is_reaped_whole_by_cgroup_kill")
 CGROUP_NEIGHBOUR = _w("test_a_neighbour_tasks_leaf_is_not_writable_from_inside")
+DESCRIPTORS = _w("test_the_task_holds_no_descriptor_that_leads_out")
+SECRETS = _w("test_the_launchers_secret_is_readable_nowhere_in_the_task")
+KERNEL_INTERFACES = _w("test_the_hosts_kernel_settings_cannot_be_opened_for_writing")
+DEVICES = _w("test_only_allowlisted_device_nodes_can_be_opened")
+HOST_SOCKETS = _w("test_no_host_unix_socket_can_be_connected_to")
 
 CONTROLS: tuple[Control, ...] = (
     Control(
@@ -187,7 +197,8 @@ CONTROLS: tuple[Control, ...] = (
         "env_kept",
         "the launcher's environment reaches the task (no --clearenv)",
         perturb="env_kept",
-        reddens=(ENV_ALLOWLIST, ENV_SECRET),
+        # bwrap is started with the launcher's environment too, so its own PID 1 holds the secret.
+        reddens=(ENV_ALLOWLIST, ENV_SECRET, SECRETS),
     ),
     Control(
         "limits_dropped",
@@ -295,7 +306,9 @@ CONTROLS: tuple[Control, ...] = (
         "the host's / is also bound (read-only) at /hostroot, where the masked canary, the neighbour's "
         "control directory and the other user's tree can all be read",
         launcher_args=("--append=--ro-bind", "--append=/", "--append=/hostroot"),
-        reddens=(ALIASES,),
+        # The same alias shows the launcher's .env and the harness's planted daemon socket (a socket
+        # on a read-only mount still accepts connect(2)).
+        reddens=(ALIASES, SECRETS, HOST_SOCKETS),
         collateral=(
             Collateral(
                 WRITE_SURFACE,
@@ -343,7 +356,8 @@ CONTROLS: tuple[Control, ...] = (
         "secret_as_value",
         "the launcher's secret is passed as the value of an allowlisted key (LANG)",
         launcher_args=("--leak-secret-as=LANG",),
-        reddens=(ENV_SECRET, ENV_SET),
+        # The value is on bwrap's own command line (--setenv LANG ...) too: PID 1's cmdline shows it.
+        reddens=(ENV_SECRET, ENV_SET, SECRETS),
     ),
     Control(
         "stale_control",
@@ -381,8 +395,18 @@ CONTROLS: tuple[Control, ...] = (
             WRITE_SURFACE,
             KERNEL_VIEW,
             WORKDIR_START,
+            DESCRIPTORS,
+            SECRETS,
+            KERNEL_INTERFACES,
+            DEVICES,
+            HOST_SOCKETS,
         ),
         collateral=(
+            Collateral(
+                NESTED_USERNS,
+                "the forger answers the doors it knows of (clone, clone3, unshare), not the i386 and x32 "
+                "entry points the witness tries on x86_64",
+            ),
             Collateral(MASKED_CANARY, "the forger reads the host's files for every path it is asked about"),
             Collateral(NEIGHBOUR_ABSENT, "the forger cannot tell an absent path from a read-only one"),
             Collateral(OTHER_USER_ABSENT, "the forger cannot tell an absent path from a read-only one"),
@@ -404,7 +428,8 @@ CONTROLS: tuple[Control, ...] = (
         "reached through it",
         launcher_args=("--offer-proxy",),
         # The proxy is announced the way srt announces its own, in variables the allowlist does not list.
-        reddens=(NO_TCP, ENV_ALLOWLIST),
+        # Its relay in the task's pid namespace holds a socket of the host's network namespace: the way out.
+        reddens=(NO_TCP, ENV_ALLOWLIST, DESCRIPTORS),
     ),
     Control(
         "refusal_outside_accepted",
@@ -415,6 +440,81 @@ CONTROLS: tuple[Control, ...] = (
         reddens=(USR_EROFS, USR_MOUNTS_RO, WRITE_SURFACE),
     ),
 )
+
+REACH: tuple[Control, ...] = (
+    # ---- issue 26: what the task holds and reaches, each a class a real sandbox has shipped ----------
+    Control(
+        "secret_in_init",
+        "bwrap is started with the launcher's environment and clears only the task's (--clearenv): its "
+        "own process, the sandbox's PID 1, still holds the secret, readable at /proc/1/environ",
+        perturb="secret_in_init",
+        reddens=(SECRETS,),
+    ),
+    Control(
+        "secret_file_handed",
+        "the launcher hands the task its secret in a file: a .env in the task's working directory",
+        launcher_args=("--secret-file",),
+        reddens=(SECRETS,),
+    ),
+    Control(
+        "proc_sys_writable",
+        "the task's /proc/sys is left read-write (bwrap's --proc alone): as root, the host's kernel "
+        "settings (core_pattern, overcommit_ratio) open for writing",
+        perturb="proc_sys_writable",
+        reddens=(KERNEL_INTERFACES,),
+        needs=Needs.as_root,
+    ),
+    Control(
+        "dir_fd_leaked",
+        "the launcher leaves a descriptor of the layout's root directory open into the task (runc "
+        "CVE-2024-21626): openat(fd, '..') walks the host's tree past every mount",
+        launcher_args=("--leak-dir",),
+        reddens=(DESCRIPTORS,),
+    ),
+    Control(
+        "socket_leaked",
+        "the launcher leaves a TCP connection of its own, on the host's loopback, open into a task whose "
+        "network is none",
+        launcher_args=("--leak-socket",),
+        reddens=(DESCRIPTORS,),
+    ),
+    Control(
+        "netns_fd_leaked",
+        "the launcher leaves a descriptor of the host's network namespace open into the task",
+        launcher_args=("--leak-netns",),
+        reddens=(DESCRIPTORS,),
+    ),
+    Control(
+        "daemon_socket_bound",
+        "a host daemon's unix socket (the harness's planted one) is bound into the task, read-only: "
+        "connect(2) needs no writable mount (the Docker-socket class)",
+        launcher_args=("--bind-daemon-socket",),
+        reddens=(HOST_SOCKETS,),
+    ),
+    Control(
+        "device_bound",
+        "the host's /dev/kvm is bound next to the minimal /dev: a task with no capabilities opens it",
+        launcher_args=("--append=--dev-bind", "--append=/dev/kvm", "--append=/dev/kvm"),
+        reddens=(DEVICES,),
+        needs=Needs.as_root,
+    ),
+    Control(
+        "device_beside_dev",
+        "the host's /dev/kmsg is bound at /kmsg, outside /dev, where a task that lists only /dev never looks",
+        launcher_args=("--append=--dev-bind", "--append=/dev/kmsg", "--append=/kmsg"),
+        reddens=(DEVICES,),
+        needs=Needs.as_root,
+    ),
+    Control(
+        "nesting_x86_64_only",
+        "no --disable-userns; a seccomp filter refuses user namespaces by x86_64 syscall numbers and never "
+        "checks the architecture, so unshare through the i386 entry point (int 0x80) creates one",
+        launcher_args=("--seccomp-x86-64-only", "--drop=--disable-userns"),
+        reddens=(NESTED_USERNS,),
+        needs=Needs.x86_64,
+    ),
+)
+CONTROLS = CONTROLS + REACH
 
 UNCONTROLLED: tuple[Uncontrolled, ...] = (
     Uncontrolled(
@@ -439,8 +539,14 @@ AVAILABILITY: frozenset[str] = frozenset(
         # leaves nothing behind. Their own controls are forged_proc and daemon_left_behind.
         KERNEL_VIEW,
         LEFTOVERS,
+        # The harness starts the unsandboxed task with nothing but its stdio pipes: no descriptor of it
+        # leads anywhere. Its controls are dir_fd_leaked, socket_leaked and netns_fd_leaked.
+        DESCRIPTORS,
     )
 )
+# Witnesses an unprivileged task keeps with no sandbox at all: the host's sysctls and device nodes
+# belong to root, so file modes refuse it (see Needs.as_root).
+MODE_KEPT: frozenset[str] = frozenset(key(t) for t in (KERNEL_INTERFACES, DEVICES))
 # Witnesses of the task's cgroup leaf: the harness, not the sandbox, makes the leaf and writes its
 # limits (conformance/harness.py), so a task with no sandbox at all still has them. The unsandboxed
 # baseline does not require them red; it may still redden some (as root, nothing stops a write to the
@@ -474,6 +580,14 @@ def not_applicable(
         # No usable root: no task gets a leaf, the cgroup witnesses skip, and there is no leaf to
         # break (the VM mode, `run --mode vm`, has a root).
         return f"no usable cgroup root here, so no task gets a cgroup leaf: {cgroup_root_reason}"
+    if control.needs is Needs.as_root and not as_root:
+        return (
+            "tasks run as an unprivileged user: the host's kernel settings and device nodes belong to root "
+            "(0644, 0600; dmesg_restrict for /dev/kmsg), so file modes refuse the task whatever the sandbox "
+            "exposes (run the controls as root)"
+        )
+    if control.needs is Needs.x86_64 and platform.machine() != "x86_64":
+        return f"the i386 entry point exists only on x86_64, not on {platform.machine()}"
     if control.needs is Needs.cgroup_root_as_root and not as_root:
         return (
             "tasks run as an unprivileged user: the cgroup files belong to root, so file modes refuse "
@@ -512,12 +626,15 @@ def launcher_prefix(control: Control, *, python: str = sys.executable, disable_u
     return shlex.join(words)
 
 
-def unsandboxed(baseline_passed: Iterable[str], baseline_other: Mapping[str, str]) -> Control:
+def unsandboxed(
+    baseline_passed: Iterable[str], baseline_other: Mapping[str, str], *, as_root: bool = True
+) -> Control:
     """The unsandboxed baseline as a control: the witness program run with no sandbox at all (`env`
     as the launcher) must turn every isolation witness that passed in the baseline red. A witness
     that did not pass in the baseline proves nothing either way: declared collateral, with why."""
     passed = list(map(key, baseline_passed))
-    names = tuple(sorted(k for k in passed if k not in AVAILABILITY | HARNESS_ENFORCED))
+    by_modes = frozenset() if as_root else MODE_KEPT
+    names = tuple(sorted(k for k in passed if k not in AVAILABILITY | HARNESS_ENFORCED | by_modes))
     return Control(
         UNSANDBOXED,
         "no sandbox at all: the witness program runs directly on the host",
@@ -530,5 +647,9 @@ def unsandboxed(baseline_passed: Iterable[str], baseline_other: Mapping[str, str
         + tuple(
             Collateral(_w(k), "the harness's cgroup leaf, not the sandbox, keeps it: not judged")
             for k in sorted(set(passed) & HARNESS_ENFORCED)
+        )
+        + tuple(
+            Collateral(_w(k), "file modes keep it for an unprivileged task, sandbox or not: not judged")
+            for k in sorted(set(passed) & by_modes)
         ),
     )

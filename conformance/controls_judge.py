@@ -227,6 +227,13 @@ def coverage(
             out.append(Coverage(t, "not_run", (), f"skipped in the baseline: {b.message}"))
         elif t in uncontrolled:
             out.append(Coverage(t, "justified", (), uncontrolled[t]))
+        elif named and all(
+            n in verdicts and verdicts[n].status is ControlStatus.not_applicable for n in named
+        ):
+            # Every control of it means nothing on this host (an unprivileged task is refused the host's
+            # sysctls by file modes, whatever the sandbox shows): not run here, with why, as a skip is.
+            why = verdicts[named[0]].reason
+            out.append(Coverage(t, "not_run", (), f"its controls are not applicable here: {why}"))
         elif elsewhere and not named:
             out.append(
                 Coverage(t, "unselected", (), f"controlled by {', '.join(elsewhere)} (not run: --only)")

@@ -19,6 +19,7 @@ import secrets
 import shutil
 import signal
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -106,6 +107,8 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         self._started: dict[str, concurrent.futures.Future[plan.Task | HarnessError]] = {}
         self.layout: layout.Layout | None = None
         self.host: plan.HostView | None = None
+        self._daemon: socket.socket | None = None
+        self._host_sockets: tuple[str, ...] = ()
 
     # -- host side ------------------------------------------------------------------------------
     def __enter__(self) -> WitnessSession:
@@ -138,6 +141,24 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         unix.bind("\0" + abstract)
         unix.listen(8)
         targets = tuple((a, port) for a in ["127.0.0.1", *_host_addresses()])
+        # Beside the layout, where no profile path leads: a platform daemon's socket (0777, so file modes
+        # refuse no task) and the launcher's .env. Neither may be reachable from the task.
+        assert self.layout is not None
+        run_dir = self.layout.root / "run"
+        run_dir.mkdir(mode=0o755)
+        unix_path = str(run_dir / "agentd.sock")
+        daemon = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._stack.callback(daemon.close)
+        daemon.bind(unix_path)
+        os.chmod(unix_path, 0o777)
+        daemon.listen(64)
+        daemon.setblocking(False)
+        self._daemon = daemon
+        secret_value = f"sbxc-secret-{nonce}"
+        secret_file = self.layout.root / ".env"
+        secret_file.write_text(f"{SECRET_ENV}={secret_value}\n")
+        secret_file.chmod(0o644)
+        self._host_sockets = (*observer.host_sockets(), unix_path)
         spaces = {}
         for ns in ("cgroup", "ipc", "mnt", "net", "pid", "user", "uts"):
             with contextlib.suppress(OSError):
@@ -151,8 +172,10 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             tcp_targets=targets,
             abstract_name=abstract,
             secret_key=SECRET_ENV,
-            secret_value=f"sbxc-secret-{nonce}",
+            secret_value=secret_value,
             cgroup=_own_cgroup(),
+            unix_path=unix_path,
+            secret_file=str(secret_file),
         )
 
     @property
@@ -320,8 +343,19 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             root = None
         launch_nonce = secrets.token_hex(8)
         tag = None if self.unobservable else observer.tag(launch_nonce)
+        made = set(self.profile.promises())
+        asked = observer.Reach(
+            secret=self.host.secret_value if "secrets" in made else "",
+            secret_file=self.host.secret_file,
+            sockets=self._host_sockets if "host_sockets" in made else (),
+            devices={**plan.DEVICES, **{d: "*" for d in self.profile.devices_allowed}},
+        )
         watch = observer.Watch(
-            tag or "", launch_nonce, protected=self.protected(), host_namespaces=self.host.namespaces
+            tag or "",
+            launch_nonce,
+            protected=self.protected(),
+            host_namespaces=self.host.namespaces,
+            asked=asked,
         )
         # The task waits at most this long for the host to release it; the launch's own timeout
         # must leave room for the rest of the task after it.
@@ -407,6 +441,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         except cgroup_leaf.CgroupError as e:
             raise HarnessError(f"{self.launcher.name}: task cgroup: {e}") from None
         finally:
+            knocks = self._knocks()
             after = plan.host_after(the_plan.host_checks)
             # A planted file outside our layout (a broken sandbox let it through into, say, /usr):
             # remove it, it is ours by its nonce.
@@ -431,7 +466,40 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             unseen=None if watch.seen is not None else f"no live task seen from the host: {watch.why_not}",
             survivors=tuple(watch.survivors or ()),
             host_devices=watch.host_devices,
+            knocks=_from_task(knocks, watch.seen),
+            secret_files=tuple(
+                plan.files_holding(
+                    self.host.secret_value,
+                    [expand(p, values) for p in (self.profile.task.workdir, self.profile.task.user_tmp) if p],
+                )
+            )
+            if "secrets" in made
+            else (),
         )
+
+    def _knocks(self) -> list[int]:
+        """The host pids that connected to the planted daemon socket during the launch (accepted and
+        closed here): SO_PEERCRED holds the connecting process's credentials as of connect(2)
+        (unix(7)), in our pid namespace, so a knock is told from another run's task that walked /tmp."""
+        pids = []
+        while self._daemon is not None:
+            try:
+                conn, _ = self._daemon.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            with conn:
+                cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+                pids.append(struct.unpack("3i", cred)[0])
+        return pids
+
+
+def _from_task(pids: list[int], seen: observer.Seen | None) -> int:
+    """How many of the knocks came from the task's own processes (all of them, when the host never saw
+    the task: nothing to tell them apart by, and no pass is made of that)."""
+    if seen is None:
+        return len(pids)
+    mine = {seen.pid, *seen.reach.get("pids", ())}
+    return sum(1 for p in pids if p in mine)
 
 
 def check_document(name: str, doc: Mapping[str, Any], the_plan: plan.Plan) -> None:

@@ -13,15 +13,17 @@
 # {"error": ...} instead of killing the document, and the witness that needs it fails saying so.
 import ctypes
 import errno
+import functools
 import json
 import os
 import signal
 import socket
+import stat
 import struct
 import sys
 import time
 
-VERSION = 2  # 2: environment with values, nested_userns per door, launch_nonce, kernel, handshake
+VERSION = 2  # 2: environment with values, nested_userns per door, launch_nonce, kernel, handshake, reach
 CLONE_NEWUSER = 0x10000000  # <linux/sched.h>
 SIGCHLD = 17
 PR_SET_NAME, PR_GET_NO_NEW_PRIVS = 15, 39  # <linux/prctl.h>
@@ -418,14 +420,373 @@ def door_unshare(libc: ctypes.CDLL) -> "dict[str, object]":
     return {"ok": True, "errno": None}
 
 
-def nested_userns() -> "dict[str, object]":
+def in_child(fn: "Callable[[], dict[str, object]]") -> "dict[str, object]":
+    # A door tried in a forked child, which reports on a pipe and leaves: a door that opens moves the
+    # child (not us) into the new namespace, and a missing entry point kills only it (SIGSEGV).
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            os.write(w, json.dumps(observe(fn)).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    data = b""
+    while True:
+        chunk = os.read(r, 4096)
+        if not chunk:
+            break
+        data += chunk
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        # int 0x80 with no IA32 emulation in the kernel (CONFIG_IA32_EMULATION=n, ia32_emulation=0)
+        return {"ok": False, "errno": None, "absent": True, "signal": os.WTERMSIG(status)}
+    if not data:
+        return {"ok": False, "errno": None, "error": "the child said nothing"}
+    got: dict[str, object] = json.loads(data.decode())
+    return got
+
+
+def _i386_unshare() -> "dict[str, object]":
+    # The 32-bit entry point (int 0x80) from this 64-bit process: a seccomp filter that matches x86_64
+    # syscall numbers and never checks seccomp_data.arch lets i386's unshare (310) through. The code is
+    # written to a mapping that is then made executable (never writable and executable at once):
+    #   push rbx; mov eax, 310; mov ebx, CLONE_NEWUSER; int 0x80; pop rbx; ret
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    libc.mmap.argtypes += [ctypes.c_long]
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    code = b"\x53\xb8" + struct.pack("<I", I386_UNSHARE) + b"\xbb" + struct.pack("<I", CLONE_NEWUSER)
+    code += b"\xcd\x80\x5b\xc3"
+    addr = libc.mmap(None, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+    if addr is None or addr == ctypes.c_void_p(-1).value:
+        return {"ok": False, "errno": None, "error": "mmap: " + _errno()}
+    ctypes.memmove(addr, code, len(code))
+    if libc.mprotect(addr, 4096, PROT_READ | PROT_EXEC) != 0:
+        return {"ok": False, "errno": None, "error": "mprotect: " + _errno()}
+    got = ctypes.CFUNCTYPE(ctypes.c_int)(addr)()
+    if got == 0:
+        return {"ok": True, "errno": None}
+    return {"ok": False, "errno": errno.errorcode.get(-got, str(-got)), "absent": -got == errno.ENOSYS}
+
+
+def _x32_unshare() -> "dict[str, object]":
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(ctypes.c_long(X32_SYSCALL_BIT | X32_UNSHARE), ctypes.c_ulong(CLONE_NEWUSER)) == 0:
+        return {"ok": True, "errno": None}
+    e = _errno()
+    return {"ok": False, "errno": e, "absent": e == "ENOSYS"}  # the kernel has no x32 ABI
+
+
+def _setns(fd: int) -> "dict[str, object]":
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, 0) == 0:
+        return {"ok": True, "errno": None}
+    return {"ok": False, "errno": _errno()}
+
+
+def nested_userns(fds: "Sequence[int]" = ()) -> "dict[str, object]":
     # Every door to a new user namespace, each on its own: a seccomp filter that refuses unshare(2)
-    # alone leaves clone(2) and clone3(2) open.
+    # alone leaves clone(2) and clone3(2) open; one that matches x86_64 numbers alone leaves the i386
+    # and x32 entry points open; a namespace descriptor the task was handed is a door of its own.
     libc = ctypes.CDLL(None, use_errno=True)
     doors: dict[str, object] = {}
-    for name, door in (("clone", door_clone), ("clone3", door_clone3), ("unshare", door_unshare)):
+    for name, door in (("clone", door_clone), ("clone3", door_clone3)):
         doors[name] = observe(door, libc)
+    if os.uname().machine == "x86_64":
+        doors["i386 unshare"] = in_child(_i386_unshare)
+        doors["x32 unshare"] = in_child(_x32_unshare)
+    own = namespaces()
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        kind = link.split(":", 1)[0]
+        if kind in NAMESPACES and link.endswith("]") and link != own.get(kind):
+            doors[f"setns fd {fd} ({link})"] = in_child(functools.partial(_setns, fd))
+    doors["unshare"] = observe(door_unshare, libc)
     return doors
+
+
+# ---- what the task holds and reaches (plan["reach"]) ---------------------------------------------------
+# A sandbox leaks through more than its mount table: a descriptor the launcher left open, a process
+# whose environment still holds the launcher's secret, a host sysctl, a device node, a host unix
+# socket. Each is tried here; the host reads the same from its side (conformance/observer.py).
+
+I386_UNSHARE = 310  # arch/x86/entry/syscalls/syscall_32.tbl
+X32_SYSCALL_BIT, X32_UNSHARE = 0x40000000, 272  # arch/x86/entry/syscalls/syscall_64.tbl (x32: 64's number)
+PROT_READ, PROT_WRITE, PROT_EXEC = 1, 2, 4
+MAP_PRIVATE, MAP_ANONYMOUS = 0x02, 0x20
+SO_ACCEPTCONN, SO_DOMAIN = 30, 39  # asm-generic/socket.h
+# Opening a watchdog device arms it: a close without the magic 'V' leaves the host to reboot
+# (Documentation/watchdog/watchdog-api.rst). Such a node is judged by access(2), never opened.
+NEVER_OPEN = ("watchdog",)
+WALK_ENTRIES = 3000
+READ_LIMIT = 262144
+
+
+def inherited_fds() -> "list[int]":
+    # Called first, before this program opens anything: every descriptor then is one the sandbox (or
+    # its launcher) handed the task. The listing's own descriptor is closed again when it returns.
+    try:
+        names = [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        names = list(range(256))  # no /proc: try the low descriptors one by one
+    out = []
+    for fd in names:
+        try:
+            os.fstat(fd)
+        except OSError:
+            continue
+        out.append(fd)
+    return sorted(out)
+
+
+def _kind(mode: int) -> str:
+    for name, test in (
+        ("dir", stat.S_ISDIR),
+        ("file", stat.S_ISREG),
+        ("socket", stat.S_ISSOCK),
+        ("fifo", stat.S_ISFIFO),
+        ("char", stat.S_ISCHR),
+        ("block", stat.S_ISBLK),
+    ):
+        if test(mode):
+            return name
+    return "other"
+
+
+def describe_fd(fd: int, secret: bytes) -> "dict[str, object]":
+    st = os.fstat(fd)
+    out: dict[str, object] = {"fd": fd, "type": _kind(st.st_mode)}
+    try:
+        out["link"] = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError as e:
+        out["link"] = "error: " + errname(e)
+    if stat.S_ISDIR(st.st_mode):
+        # A directory descriptor from outside lets the task walk from it, `..` included, past every
+        # mount the sandbox made (runc CVE-2024-21626).
+        out["listing"] = observe(lambda: sorted(os.listdir(fd))[:20])
+        try:
+            up = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+        except OSError as e:
+            out["parent"] = {"ok": False, "errno": errname(e)}
+        else:
+            try:
+                out["parent"] = {"ok": True, "listing": sorted(os.listdir(up))[:20]}
+            finally:
+                os.close(up)
+    elif stat.S_ISREG(st.st_mode):
+        out["secret"] = bool(secret) and secret in os.pread(fd, READ_LIMIT, 0)
+    elif stat.S_ISSOCK(st.st_mode):
+        s = socket.socket(fileno=os.dup(fd))
+        try:
+            out["family"] = s.getsockopt(socket.SOL_SOCKET, SO_DOMAIN)
+            out["listening"] = bool(s.getsockopt(socket.SOL_SOCKET, SO_ACCEPTCONN))
+            try:
+                out["peer"] = str(s.getpeername())
+            except OSError as e:
+                out["peer"] = "error: " + errname(e)
+        finally:
+            s.close()
+    return out
+
+
+def descriptors(fds: "Sequence[int]", secret: bytes) -> "list[dict[str, object]]":
+    return [dict(observe(describe_fd, fd, secret), fd=fd) for fd in fds]
+
+
+def _walk(roots: "Sequence[str]", depth: int, want: "Callable[[str, os.stat_result], bool]") -> "list[str]":
+    # Breadth first, never following a symlink, at most WALK_ENTRIES entries looked at in all.
+    found: list[str] = []
+    seen, level = 0, [r for r in roots if os.path.isdir(r) and not os.path.islink(r)]
+    visited = set()
+    for _ in range(depth):
+        nxt = []
+        for d in level:
+            if d in visited:
+                continue
+            visited.add(d)
+            try:
+                names = sorted(os.listdir(d))
+            except OSError:
+                continue
+            for name in names:
+                seen += 1
+                if seen > WALK_ENTRIES:
+                    return found
+                path = d.rstrip("/") + "/" + name
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                if want(path, st):
+                    found.append(path)
+                if stat.S_ISDIR(st.st_mode):
+                    nxt.append(path)
+        level = nxt
+    return found
+
+
+def secret_scan(secret: bytes, paths: "Sequence[str]", roots: "Sequence[str]") -> "dict[str, object]":
+    # Where the launcher's secret can still be read: the environment and argv of every process the task
+    # can see (bwrap's own PID 1 keeps the environment it was started with: --clearenv clears only the
+    # task's), and the files a launcher hands a task (a .env in its directory, /run/secrets).
+    found = []
+    try:
+        pids = [n for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        pids = []
+    for pid in pids:
+        for what in ("environ", "cmdline"):
+            try:
+                with open("/proc/" + pid + "/" + what, "rb") as f:
+                    data = f.read(READ_LIMIT)
+            except OSError:
+                continue
+            if secret in data:
+                found.append("/proc/" + pid + "/" + what)
+    files = list(paths) + _walk(roots, 3, lambda p, st: stat.S_ISREG(st.st_mode) and st.st_size <= READ_LIMIT)
+    read = 0
+    for path in files[:400]:
+        try:
+            with open(path, "rb") as f:
+                data = f.read(READ_LIMIT)
+        except OSError:
+            continue
+        read += 1
+        if secret in data:
+            found.append(path)
+    return {"found": found, "processes": len(pids), "files_read": read}
+
+
+def kernel_writes(paths: "Sequence[str]", write_back: "Sequence[str]") -> "list[dict[str, object]]":
+    # Opened for writing, never written with a value of ours: the kernel checks a sysctl's permission at
+    # open (fs/proc/proc_sysctl.c, proc_sys_permission), so an open that succeeds is the broken promise.
+    # Where it does and the path is harmless, the value it already holds is written back, to prove it.
+    out: list[dict[str, object]] = []
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError as e:
+            out.append({"path": path, "opened": False, "errno": errname(e)})
+            continue
+        entry: dict[str, object] = {"path": path, "opened": True, "errno": None}
+        try:
+            if path in write_back:
+                with open(path, "rb") as f:
+                    os.write(fd, f.read(256))
+                entry["wrote_back"] = True
+        except OSError as e:
+            entry["write_errno"] = errname(e)
+        finally:
+            os.close(fd)
+        out.append(entry)
+    return out
+
+
+def _rdev(st: os.stat_result) -> str:
+    return f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+
+
+def device_trials(allowed: "Mapping[str, Any]", extra: "Sequence[str]") -> "list[dict[str, object]]":
+    # Every device node under /dev (and at the paths the plan names), each not on the allowlist opened
+    # read-only and non-blocking, then write-only: what the task could do with it.
+    nodes = _walk(["/dev"], 3, lambda p, st: stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode))
+    for p in extra:
+        if p not in nodes and os.path.exists(p):
+            nodes.append(p)
+    out: list[dict[str, object]] = []
+    for path in nodes[:500]:
+        try:
+            st = os.lstat(path)
+        except OSError as e:
+            out.append({"path": path, "error": errname(e)})
+            continue
+        if not (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)):
+            continue  # a mount point the plan named that is no device node
+        entry: dict[str, object] = {"path": path, "rdev": _rdev(st), "kind": _kind(st.st_mode)}
+        want = allowed.get(path)
+        pts = path.startswith("/dev/pts/") and 136 <= os.major(st.st_rdev) <= 143
+        if pts or (want is not None and (want == "*" or want == entry["rdev"])):
+            entry["allowed"] = True
+            out.append(entry)
+            continue
+        entry["allowed"] = False
+        if os.path.basename(path).startswith(NEVER_OPEN):
+            entry["opened"] = os.access(path, os.R_OK) or os.access(path, os.W_OK)
+            entry["how"] = "access(2)"
+            out.append(entry)
+            continue
+        refused = []
+        entry["opened"] = False
+        for flags in (os.O_RDONLY, os.O_WRONLY):
+            try:
+                fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+            except OSError as e:
+                refused.append(errname(e))
+                continue
+            os.close(fd)
+            entry["opened"] = True
+            entry["how"] = "O_RDONLY" if flags == os.O_RDONLY else "O_WRONLY"
+            break
+        entry["refused"] = refused
+        out.append(entry)
+    return out
+
+
+def unix_trials(paths: "Sequence[str]", roots: "Sequence[str]") -> "list[dict[str, object]]":
+    # Every unix socket file the task can find where services keep them, and the ones the plan names:
+    # connect(2) only, nothing sent. A path socket is reached through the filesystem, whatever network
+    # namespace the task is in (unix(7)): --unshare-net does not close it.
+    found = [p for p in paths if os.path.exists(p)]
+    for p in _walk(roots, 4, lambda p, st: stat.S_ISSOCK(st.st_mode)):
+        if p not in found:
+            found.append(p)
+    out: list[dict[str, object]] = []
+    for path in found[:200]:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(0.5)
+        try:
+            s.connect(path)
+        except OSError as e:
+            if e.errno == errno.EPROTOTYPE:  # a datagram socket: try it as one
+                out.append(dict(attempt(functools.partial(_dgram, path)), path=path, type="dgram"))
+            else:
+                out.append({"path": path, "ok": False, "errno": errname(e)})
+            continue
+        finally:
+            s.close()
+        out.append({"path": path, "ok": True, "errno": None})
+    return out
+
+
+def _dgram(path: str) -> None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        s.connect(path)
+    finally:
+        s.close()
+
+
+def reach(spec: "Mapping[str, Any]", fds: "Sequence[int]", doc: "dict[str, object]") -> None:
+    secret = spec.get("secret", "").encode()
+    doc["descriptors"] = observe(descriptors, fds, secret)
+    roots = [r for r in (os.environ.get("HOME"), observe(os.getcwd)) if isinstance(r, str)]
+    if secret:
+        doc["secrets"] = observe(secret_scan, secret, spec.get("secret_paths", []), [*roots, "/run/secrets"])
+    doc["kernel_writes"] = observe(kernel_writes, spec.get("kernel_paths", []), spec.get("write_back", []))
+    # A node bound next to a minimal /dev (at /kvm, say) is a mount point: every one is tried too.
+    table = doc.get("mountinfo")
+    points = [str(m["mount_point"]) for m in table if isinstance(m, dict)] if isinstance(table, list) else []
+    doc["devices"] = observe(device_trials, spec.get("devices_allowed", {}), points)
+    sockets = [*spec.get("socket_roots", []), *roots]
+    doc["unix_sockets"] = observe(unix_trials, spec.get("unix_paths", []), sockets)
 
 
 # ---- cgroup trials (plan["cgroup"], present only when the harness gave the task a leaf) ----------
@@ -576,6 +937,7 @@ def observe(fn: "Callable[[Unpack[Ts]], T]", *args: "Unpack[Ts]") -> "T | dict[s
 
 
 def main(plan: "Mapping[str, Any]") -> None:
+    fds = inherited_fds()
     doc: dict[str, object] = {
         "version": VERSION,
         "task_id": plan.get("task_id"),
@@ -603,12 +965,14 @@ def main(plan: "Mapping[str, Any]") -> None:
     doc["environment"] = observe(environment)
     doc["cwd"] = observe(os.getcwd)
     doc["kernel"] = observe(kernel_view)
+    if plan.get("reach"):
+        reach(plan["reach"], fds, doc)
     if plan.get("tag"):
         doc["handshake"] = observe(handshake, plan)
     cg: Mapping[str, Any] = plan.get("cgroup") or {}
     marker = cgroup_trials(cg, doc) if cg else None
     if plan.get("nested_userns", True):
-        doc["nested_userns"] = observe(nested_userns)
+        doc["nested_userns"] = observe(nested_userns, fds)
     doc["complete"] = True
     sys.stdout.write(json.dumps(doc) + "\n")
     sys.stdout.flush()

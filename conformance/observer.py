@@ -19,6 +19,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import signal
 import stat
 import threading
@@ -134,6 +135,9 @@ class Seen(NamedTuple):
     # (st_dev, st_ino) of the directory the task is in: stat(2) follows /proc/PID/cwd into the task's
     # own mount namespace (proc(5)), so this names the host directory whatever path the task sees.
     cwd: tuple[int, int] | str = "error: not read"
+    # What the task holds and reaches, read from the host (see `reach`): descriptors, the secret in
+    # any process's environment or argv, device nodes, host unix sockets; EMPTY when not asked.
+    reach: Mapping[str, Any] = EMPTY
 
     @property
     def nspid(self) -> list[int]:
@@ -153,6 +157,7 @@ class Seen(NamedTuple):
             "device_nodes": sorted(self.device_nodes),
             "unreachable": sorted(self.unreachable),
             "cwd": list(self.cwd) if not isinstance(self.cwd, str) else self.cwd,
+            "reach": dict(self.reach),
         }
 
 
@@ -199,6 +204,8 @@ def read(
     protected: Sequence[Protected] = (),
     host_mounts: Sequence[mountinfo.Mount] = (),
     proc: Path = Path("/proc"),
+    asked: Reach | None = None,
+    host_pidns: str = "",
 ) -> Seen:
     base = proc / str(pid)
     spaces = {ns: _attempt(functools.partial(os.readlink, base / "ns" / ns)) for ns in NAMESPACES}
@@ -242,6 +249,9 @@ def read(
             if writable and m.mount_id not in held and unreachable(root, m.mount_point, creds):
                 shut.add(m.mount_point)
     cgroup = _attempt(lambda: _read(base / "cgroup"))
+    reached: Mapping[str, Any] = EMPTY
+    if asked is not None and not isinstance(mounts, str) and not isinstance(status, str):
+        reached = reach(pid, asked, mounts, host_mounts, spaces, host_pidns=host_pidns, proc=proc)
     return Seen(
         pid=pid,
         namespaces=spaces,
@@ -255,6 +265,7 @@ def read(
         unreachable=frozenset(shut),
         cgroup_files=cgroup_files(cgroup, host_mounts),
         cwd=_attempt(lambda: _dev_ino(os.stat(base / "cwd"))),
+        reach=reached,
     )
 
 
@@ -354,6 +365,260 @@ def cgroup_files(cgroup: str, host_mounts: Sequence[mountinfo.Mount]) -> dict[st
     return out
 
 
+# ---- what the task holds and reaches ----------------------------------------------------------------
+
+
+class Reach(NamedTuple):
+    """What the host looks for around the task (conformance/plan.py reach_plan says what the task tries)."""
+
+    secret: str = ""
+    secret_file: str = ""  # a file in the launcher's working directory holding the secret
+    sockets: tuple[str, ...] = ()  # listening unix sockets of the host, by path
+    devices: Mapping[str, str] = EMPTY  # allowed device node path -> "major:minor" ("*": any)
+
+
+# readlink(2) of a namespace descriptor: "net:[4026531840]" (proc(5), /proc/PID/ns).
+_NS_LINK = re.compile(r"^(cgroup|ipc|mnt|net|pid|pid_for_children|time|time_for_children|user|uts):\[\d+\]$")
+# Where each /proc/PID/net table keeps the socket's inode (net/ipv4/tcp_ipv4.c get_tcp4_sock,
+# net/unix/af_unix.c unix_seq_show, net/netlink/af_netlink.c, net/packet/af_packet.c).
+_INODE_COLUMN = {"tcp": 9, "tcp6": 9, "udp": 9, "udp6": 9, "raw": 9, "raw6": 9, "udplite": 9,
+                 "udplite6": 9, "unix": 6, "netlink": 9, "packet": 8}
+PTS_MAJORS = range(136, 144)  # Documentation/admin-guide/devices.txt: Unix98 PTY slaves
+
+
+def task_pids(pid: int, pidns: str, host_pidns: str, proc: Path = Path("/proc")) -> list[int]:
+    """The task and every process that can share what it holds: its whole pid namespace where it has one
+    of its own (the sandbox's init, its helpers), else the task and its descendants."""
+    parents: dict[int, int] = {}
+    spaces: dict[int, str] = {}
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            parents[int(name)] = int(stat_fields(_read(f"{proc}/{name}/stat"))["ppid"])
+            spaces[int(name)] = os.readlink(f"{proc}/{name}/ns/pid")
+        except (OSError, ValueError):
+            continue
+    if pidns and not pidns.startswith("error") and pidns != host_pidns:
+        return sorted(p for p, ns in spaces.items() if ns == pidns)
+    out, frontier = [pid], [pid]
+    while frontier:
+        frontier = [c for c, pp in parents.items() if pp in frontier and c not in out]
+        out += frontier
+    return sorted(out)
+
+
+def socket_inodes(net: Path) -> set[int]:
+    """The inodes of every socket in one network namespace (its /proc/PID/net tables)."""
+    out: set[int] = set()
+    for name, column in _INODE_COLUMN.items():
+        try:
+            lines = _read(net / name).splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if len(parts) > column and parts[column].isdigit():
+                out.add(int(parts[column]))
+    return out
+
+
+def _fdinfo(path: Path) -> dict[str, str]:
+    out = {}
+    for line in _read(path).splitlines():
+        key, _, value = line.partition(":")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _rdev(st: os.stat_result) -> str:
+    return f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+
+
+def device_allowed(path: str, st: os.stat_result, allowed: Mapping[str, str]) -> bool:
+    want = allowed.get(path)
+    if want is not None and want in ("*", _rdev(st)):
+        return True
+    return path.startswith("/dev/pts/") and os.major(st.st_rdev) in PTS_MAJORS
+
+
+def held(pids: Sequence[int], mounts: Sequence[mountinfo.Mount], namespaces: Mapping[str, str],
+         allowed: Mapping[str, str], proc: Path = Path("/proc")) -> list[dict[str, Any]]:
+    """Every descriptor a process of the task holds that leads out of it: a file or directory on a mount
+    outside the task's mount namespace (fdinfo's mnt_id, proc(5); mount ids are unique system-wide), a
+    socket of another network namespace, a namespace the task is not in, a pidfd of a process outside
+    it, a device node off the allowlist. Pipes, FIFOs and event descriptors are the task's channels."""
+    mount_ids = {m.mount_id for m in mounts}
+    socks = socket_inodes(proc / str(pids[0]) / "net") if pids else set()
+    own, members = set(namespaces.values()), set(pids)
+    out: list[dict[str, Any]] = []
+    for p in pids:
+        base = proc / str(p)
+        try:
+            names = sorted(os.listdir(base / "fd"), key=int)
+        except OSError:
+            continue
+        for n in names:
+            try:
+                link = os.readlink(base / "fd" / n)
+                why = _why_out(link, base, n, mount_ids, socks, own, members, allowed)
+            except OSError:
+                continue  # closed since the listing
+            if why:
+                out.append({"pid": p, "fd": int(n), "link": link, "why": why})
+    return out[:100]
+
+
+def _why_out(link: str, base: Path, n: str, mount_ids: set[int], socks: set[int], own: set[str],
+             members: set[int], allowed: Mapping[str, str]) -> str | None:
+    if link.startswith("socket:["):
+        if int(link[8:-1]) not in socks:
+            return "a socket of another network namespace (opened outside the sandbox and left open)"
+        return None
+    if link.startswith("pipe:["):
+        return None
+    if link.startswith("anon_inode:"):
+        if "pidfd" in link:
+            target = _fdinfo(base / "fdinfo" / n).get("Pid", "")
+            if target.lstrip("-").isdigit() and int(target) > 0 and int(target) not in members:
+                return f"a pidfd of host process {target}, outside the task"
+        return None
+    if _NS_LINK.match(link):
+        return None if link in own else "a namespace the task is not in (setns(2) would enter it)"
+    st = os.stat(base / "fd" / n)
+    if stat.S_ISFIFO(st.st_mode):
+        return None
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        ok = _rdev(st) in set(allowed.values()) or os.major(st.st_rdev) in PTS_MAJORS
+        return None if ok else f"the device node {_rdev(st)}, off the allowlist"
+    mnt = _fdinfo(base / "fdinfo" / n).get("mnt_id", "")
+    if mnt.isdigit() and int(mnt) not in mount_ids:
+        kind = "directory" if stat.S_ISDIR(st.st_mode) else "file"
+        return f"a {kind} on a mount outside the task's mount namespace (mount {mnt})"
+    return None
+
+
+def host_sockets(proc: Path = Path("/proc")) -> tuple[str, ...]:
+    """Paths of the listening unix sockets in this (the host's) network namespace: /proc/net/unix rows
+    with __SO_ACCEPTCON (0x10000) in Flags and a path that is not abstract (net/unix/af_unix.c)."""
+    out = []
+    with contextlib.suppress(OSError):
+        for line in _read(proc / "net" / "unix").splitlines()[1:]:
+            parts = line.split(maxsplit=7)
+            if len(parts) == 8 and int(parts[3], 16) & 0x10000 and parts[7].startswith("/"):
+                out.append(parts[7])
+    return tuple(sorted(set(out)))[:500]
+
+
+def _may_write(st: os.stat_result, creds: Creds) -> bool:
+    # connect(2) to a path socket needs write permission on it (net/unix/af_unix.c unix_find_bsd).
+    if creds.fsuid == 0 and creds.maps(0):
+        return True
+    if st.st_uid == creds.fsuid:
+        return bool(st.st_mode & stat.S_IWUSR)
+    if st.st_gid == creds.fsgid or st.st_gid in creds.groups:
+        return bool(st.st_mode & stat.S_IWGRP)
+    return bool(st.st_mode & stat.S_IWOTH)
+
+
+def exposed(paths: Sequence[str], root: Path, mounts: Sequence[mountinfo.Mount],
+            host_mounts: Sequence[mountinfo.Mount], creds: Creds | None) -> list[dict[str, Any]]:
+    """Host files (sockets, the secret file) reachable in the task: the task's mount table shows the same
+    filesystem object under some name, and the kernel finds it there through the task's own root."""
+    out: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            host_st = os.stat(path)
+        except OSError:
+            continue
+        where = mountinfo.locate(host_mounts, path)
+        if where is None:
+            continue
+        for exp in mountinfo.exposures(mounts, where):
+            try:
+                st = os.stat(root / exp.path.lstrip("/"))
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) != (host_st.st_dev, host_st.st_ino):
+                continue
+            usable = creds is None or (
+                (_may_write(st, creds) if stat.S_ISSOCK(st.st_mode) else True)
+                and not unreachable(root, os.path.dirname(exp.path), creds)
+            )
+            out.append(
+                {"host_path": path, "path": exp.path, "mount_point": exp.mount.mount_point, "usable": usable}
+            )
+    return out
+
+
+def _is_node(st: os.stat_result) -> bool:
+    return stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+
+
+def device_nodes(
+    root: Path, mounts: Sequence[mountinfo.Mount], allowed: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """The device nodes off the allowlist the task's root shows: under /dev, and any mount point that
+    is one (a node bound next to a minimal /dev)."""
+    found: dict[str, dict[str, Any]] = {}
+    level, seen = [Path("/dev")], 0
+    for _ in range(3):
+        nxt = []
+        for d in level:
+            try:
+                entries = list(os.scandir(root / str(d).lstrip("/")))
+            except OSError:
+                continue
+            for e in entries:
+                seen += 1
+                if seen > 3000:
+                    break
+                path = str(d / e.name)
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    nxt.append(d / e.name)
+                elif _is_node(st) and not device_allowed(path, st, allowed):
+                    found[path] = {"path": path, "rdev": _rdev(st)}
+        level = nxt
+    for m in mountinfo.on_top(mounts):
+        with contextlib.suppress(OSError):
+            st = os.stat(root / m.mount_point.lstrip("/"))
+            if _is_node(st) and not device_allowed(m.mount_point, st, allowed):
+                found.setdefault(m.mount_point, {"path": m.mount_point, "rdev": _rdev(st)})
+    return sorted(found.values(), key=lambda x: str(x["path"]))[:200]
+
+
+def reach(pid: int, asked: Reach, mounts: Sequence[mountinfo.Mount], host_mounts: Sequence[mountinfo.Mount],
+          namespaces: Mapping[str, str], *, host_pidns: str, proc: Path = Path("/proc")) -> dict[str, Any]:
+    base, root = proc / str(pid), proc / str(pid) / "root"
+    status = _attempt(lambda: _status(_read(base / "status")))
+    uid_map = _attempt(lambda: _read(base / "uid_map"))
+    creds = Creds.of(status, uid_map) if not isinstance(status, str) else None
+    pids = task_pids(pid, namespaces.get("pid", ""), host_pidns, proc)
+    out: dict[str, Any] = {"pids": pids}
+    out["descriptors"] = held(pids, mounts, namespaces, asked.devices, proc)
+    if asked.secret:
+        carriers = []
+        for p in pids:
+            for what in ("environ", "cmdline"):
+                with contextlib.suppress(OSError):
+                    if asked.secret.encode() in (proc / str(p) / what).read_bytes():
+                        carriers.append(f"/proc/{p}/{what} (host pid)")
+        out["secret_holders"] = carriers
+        out["secret_file"] = exposed([asked.secret_file] if asked.secret_file else [], root, mounts,
+                                     host_mounts, creds)
+    out["sockets"] = [e for e in exposed(asked.sockets, root, mounts, host_mounts, creds) if e["usable"]]
+    out["devices"] = device_nodes(root, mounts, asked.devices)
+    sysfs = mountinfo.serving(mounts, "/proc/sys")
+    out["proc_sys"] = (
+        {"fstype": sysfs.fstype, "mount_point": sysfs.mount_point, "ro": sysfs.read_only} if sysfs else None
+    )
+    return out
+
+
 def boot_ticks() -> int:
     """Now, in the unit of /proc/PID/stat's starttime: clock ticks since boot (proc(5))."""
     return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
@@ -450,8 +715,10 @@ class Watch:
         protected: Sequence[Protected],
         host_namespaces: Mapping[str, str],
         find_seconds: float = 2.0,
+        asked: Reach | None = None,
     ) -> None:
         self.tag, self.nonce, self.protected = task_tag, launch_nonce, tuple(protected)
+        self.asked = asked
         self.host_namespaces, self.find_seconds = host_namespaces, find_seconds
         self.seen: Seen | None = None
         self.why_not: str = "the task never announced the handshake"
@@ -485,7 +752,13 @@ class Watch:
             self.signalled.set()
             return
         host_mounts = mountinfo.parse(Path("/proc/self/mountinfo").read_text())
-        self.seen = read(pids[0], protected=self.protected, host_mounts=host_mounts)
+        self.seen = read(
+            pids[0],
+            protected=self.protected,
+            host_mounts=host_mounts,
+            asked=self.asked,
+            host_pidns=self.host_namespaces.get("pid", ""),
+        )
         self.host_devices = mountinfo.devices(host_mounts)
         try:
             os.kill(pids[0], signal.SIGUSR1)

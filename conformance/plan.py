@@ -39,6 +39,11 @@ class HostView(NamedTuple):
     secret_key: str
     secret_value: str = ""
     cgroup: str = ""  # the harness's own cgroup v2 path (its /proc/self/cgroup `0::` line)
+    # A listening unix socket the harness serves beside the layout, where no profile path leads (a
+    # platform's daemon socket), and a file in the launcher's working directory holding the secret
+    # (a platform's .env): a task must reach neither.
+    unix_path: str = ""
+    secret_file: str = ""
 
 
 class Plan(NamedTuple):
@@ -63,6 +68,8 @@ class Plan(NamedTuple):
     # What the task tries through any proxy its environment offers (see proxy_plan), or None when the
     # profile makes no network promise.
     proxy: Mapping[str, Any] | None = None
+    # What the task holds and reaches (see reach_plan), or None when the profile claims none of it.
+    reach: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,6 +84,7 @@ class Plan(NamedTuple):
             "tag": self.tag,
             "handshake_seconds": self.handshake_seconds,
             "proxy": dict(self.proxy) if self.proxy is not None else None,
+            "reach": dict(self.reach) if self.reach is not None else None,
         }
 
 
@@ -279,7 +287,57 @@ def build(
         tag=tag,
         handshake_seconds=handshake_seconds,
         proxy=proxy_plan(profile, values, host, launch_nonce) if net else None,
+        reach=reach_plan(profile, host),
     )
+
+
+# ---- what the task holds and reaches --------------------------------------------------------------------
+
+# Host-wide kernel settings a task must not be able to open for writing. core_pattern and modprobe name a
+# program the kernel runs as root on the host, uevent_helper too (the classic container escapes); the
+# others only tune the host, and show a sysctl tree the task can write at all.
+KERNEL_INTERFACES = (
+    "/proc/sys/kernel/core_pattern",
+    "/proc/sys/kernel/modprobe",
+    "/proc/sys/kernel/printk_ratelimit",
+    "/proc/sys/vm/overcommit_ratio",
+    "/proc/sysrq-trigger",
+    "/sys/kernel/uevent_helper",
+    "/sys/kernel/mm/transparent_hugepage/enabled",
+)
+# Where opening for writing succeeded, the value the file holds is written back to prove the write lands:
+# only here, where the same value changes nothing.
+WRITE_BACK = ("/proc/sys/kernel/printk_ratelimit",)
+# The device nodes every task may open, by path and device number (Documentation/admin-guide/devices.txt):
+# the ones bwrap's --dev, a container's /dev and systemd's PrivateDevices= all give. /dev/pts/N (136-143)
+# is allowed by its major, in the witness program.
+DEVICES = {
+    "/dev/null": "1:3",
+    "/dev/zero": "1:5",
+    "/dev/full": "1:7",
+    "/dev/random": "1:8",
+    "/dev/urandom": "1:9",
+    "/dev/tty": "5:0",
+    "/dev/ptmx": "5:2",
+    "/dev/pts/ptmx": "5:2",
+}
+# Where services keep their sockets, searched from inside for any the task can connect to.
+SOCKET_ROOTS = ("/run", "/var/run", "/tmp", "/var/tmp", "/dev/shm", "/home", "/root", "/srv", "/mnt")
+
+
+def reach_plan(profile: Profile, host: HostView) -> dict[str, Any] | None:
+    made = set(profile.promises())
+    if not made & {"descriptors", "secrets", "kernel_interfaces", "devices", "host_sockets"}:
+        return None
+    return {
+        "secret": host.secret_value if "secrets" in made else "",
+        "secret_paths": [host.secret_file] if host.secret_file else [],
+        "kernel_paths": list(KERNEL_INTERFACES) if "kernel_interfaces" in made else [],
+        "write_back": list(WRITE_BACK),
+        "devices_allowed": {**DEVICES, **{p: "*" for p in profile.devices_allowed}},
+        "unix_paths": [host.unix_path] if host.unix_path and "host_sockets" in made else [],
+        "socket_roots": list(SOCKET_ROOTS) if "host_sockets" in made else [],
+    }
 
 
 def hidden_files(path: str, limit: int = MAX_HOST_ENTRIES) -> list[str]:
@@ -460,6 +518,10 @@ class Task(NamedTuple):
     unseen: str | None = None
     survivors: tuple[Mapping[str, Any], ...] = ()
     host_devices: frozenset[str] = frozenset()
+    # Connections made to the planted daemon socket during the launch, and files under the task's
+    # writable directories holding the launcher's secret after it.
+    knocks: int = 0
+    secret_files: tuple[str, ...] = ()
 
     def result(self, op: str, path: str) -> Mapping[str, Any]:
         for o in self.doc.get("ops", []):
@@ -488,6 +550,34 @@ class Task(NamedTuple):
 
     def get(self, key: str) -> Any:
         return self.doc.get(key)
+
+
+def files_holding(needle: str, roots: Sequence[str], limit: int = 500) -> list[str]:
+    """Regular files at or beneath `roots` on the host (at most `limit` looked at, each up to 256 KiB)
+    whose bytes hold `needle`."""
+    found: list[str] = []
+    looked, level = 0, list(roots)
+    data = needle.encode()
+    for _ in range(DEPTH):
+        nxt = []
+        for d in level:
+            try:
+                with os.scandir(d) as it:
+                    entries = list(it)
+            except OSError:
+                continue
+            for e in entries:
+                looked += 1
+                if looked > limit:
+                    return found
+                if e.is_dir(follow_symlinks=False):
+                    nxt.append(e.path)
+                elif e.is_file(follow_symlinks=False):
+                    with contextlib.suppress(OSError), open(e.path, "rb") as f:
+                        if data in f.read(1 << 18):
+                            found.append(e.path)
+        level = nxt
+    return found
 
 
 def host_after(paths: Sequence[str]) -> dict[str, str | None]:

@@ -30,6 +30,10 @@ PLACEHOLDERS = (
     "other_user",
 )
 REFERENCE_NAME = "reference"
+# The promises every profile makes without writing them down: what the task holds (descriptors) and
+# reaches (the launcher's secret anywhere, the host's kernel settings, device nodes, host unix sockets).
+# A sandbox that does not keep one says so, with the measured reason, in [promises] not_claimed.
+DEFAULT_PROMISES = ("descriptors", "secrets", "kernel_interfaces", "devices", "host_sockets")
 
 
 class ProfileError(Exception):
@@ -172,6 +176,12 @@ class Profile(NamedTuple):
     process: Process = Process()
     environment: Environment = Environment()
     limits: Limits = Limits()
+    # [devices] allow: device nodes the task may open beyond the default allowlist (conformance/plan.py
+    # DEVICES); [network] unix_allowed: unix sockets it may connect to; [promises] not_claimed: the
+    # default promises this sandbox does not keep, each with why.
+    devices_allowed: tuple[str, ...] = ()
+    unix_allowed: tuple[str, ...] = ()
+    not_claimed: Mapping[str, str] = EMPTY
 
     def promises(self) -> tuple[str, ...]:
         """The promise families this profile makes, in display order. A witness whose family is not
@@ -212,8 +222,9 @@ class Profile(NamedTuple):
             "cgroup": self.limits.memory_max is not None or self.limits.pids_max is not None,
             "memory_max": self.limits.memory_max is not None,
             "pids_max": self.limits.pids_max is not None,
+            **{k: True for k in DEFAULT_PROMISES},
         }
-        return tuple(k for k, v in made.items() if v)
+        return tuple(k for k, v in made.items() if v and k not in self.not_claimed)
 
 
 # ---- placeholders -------------------------------------------------------------------------------
@@ -241,12 +252,14 @@ _SCHEMA: dict[str, frozenset[str]] = {
         {"read_only", "masked", "writable", "absent", "hidden", "scratch", "write_surface", "refuse"}
     ),
     "task": frozenset({"control", "control_files", "user_tmp", "workdir"}),
-    "network": frozenset({"mode", "allowed"}),
+    "network": frozenset({"mode", "allowed", "unix_allowed"}),
     "userns": frozenset({"nested", "errno"}),
     "namespaces": frozenset({"pid", "ipc", "uts", "hostname"}),
     "process": frozenset({"capabilities", "no_new_privs", "init"}),
     "environment": frozenset({"allow", "set"}),
     "limits": frozenset({"memory_max", "pids_max"}),
+    "devices": frozenset({"allow"}),
+    "promises": frozenset({"not_claimed"}),
 }
 _SIZE = re.compile(r"^(\d+)([KMGT]?)$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -417,6 +430,23 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
         if network is not NetworkMode.proxy:
             raise r.fail("network.allowed", 'network.mode = "proxy" (only a proxy lets names through)')
         allowed = tuple(v)
+    unix_allowed = r.paths("network.unix_allowed", net["unix_allowed"]) if "unix_allowed" in net else ()
+    dev = r.section("devices")
+    devices_allowed = r.paths("devices.allow", dev["allow"]) if "allow" in dev else ()
+    bad_dev = [d for d in devices_allowed if not d.startswith("/dev/")]
+    if bad_dev:
+        raise r.fail("devices.allow", "device node paths under /dev/", bad_dev[0])
+    prom = r.section("promises")
+    not_claimed: dict[str, str] = {}
+    if "not_claimed" in prom:
+        nc = prom["not_claimed"]
+        if not isinstance(nc, Mapping):
+            raise r.fail("promises.not_claimed", 'a table of promise = "why this sandbox does not keep it"',
+                         nc)
+        for k, v in nc.items():
+            if k not in DEFAULT_PROMISES:
+                raise r.fail(f"promises.not_claimed.{k}", f"one of {', '.join(DEFAULT_PROMISES)}")
+            not_claimed[k] = r.text(f"promises.not_claimed.{k}", v)
     uns = r.section("userns")
     nested = r.choice("userns.nested", uns["nested"], Nested) if "nested" in uns else Nested.allowed
     nested_errno: tuple[str, ...] = ()
@@ -493,6 +523,9 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
         process=process,
         environment=environment,
         limits=limits,
+        devices_allowed=devices_allowed,
+        unix_allowed=unix_allowed,
+        not_claimed=not_claimed,
     )
 
 

@@ -51,6 +51,11 @@ def test_the_reference_profile_loads_and_makes_every_promise_family() -> None:
         "cgroup",
         "memory_max",
         "pids_max",
+        "descriptors",
+        "secrets",
+        "kernel_interfaces",
+        "devices",
+        "host_sockets",
     }
     assert prof.limits.memory_max == 512 * 1024**2 and prof.limits.pids_max == 256
 
@@ -118,7 +123,7 @@ def test_a_promise_not_made_is_not_in_the_profiles_promises(tmp_path: Path) -> N
         _write(tmp_path, '[profile]\nname = "t"\n[network]\nmode = "host"\n[process]\nno_new_privs = true\n')
     )
     # Every profile is held to the host-side promises unless it opts out of the write surface.
-    assert prof.promises() == ("write_surface", "kernel_view", "leftovers", "no_new_privs")
+    assert prof.promises() == ("write_surface", "kernel_view", "leftovers", "no_new_privs", *P.DEFAULT_PROMISES)
 
 
 def test_placeholders_expand_against_the_layout() -> None:
@@ -217,7 +222,9 @@ def test_disable_userns_is_passed_only_where_the_probe_saw_it_work() -> None:
         ("nested_userns_enabled", [], ["--disable-userns"]),
         ("pid_shared", [], ["--unshare-pid"]),
         ("caps_kept", ["--cap-add"], ["--cap-drop"]),
-        ("env_kept", [], ["--clearenv"]),
+        ("env_kept", [], ["--clearenv", "-i"]),
+        ("secret_in_init", ["--clearenv"], ["-i"]),
+        ("proc_sys_writable", ["--proc"], ["/proc/sys"]),
         ("other_user_bound", ["/s/users/bob"], []),
     ],
 )
@@ -257,4 +264,46 @@ def test_a_profile_can_say_it_confines_no_filesystem_and_how_nesting_is_refused(
 def test_a_bad_nesting_errno_or_write_surface_names_its_key(tmp_path: Path, body: str, key: str) -> None:
     with pytest.raises(P.ProfileError) as e:
         P.load(_write(tmp_path, '[profile]\nname = "t"\n' + body))
+    assert e.value.key == key
+
+
+def test_bwrap_itself_starts_with_no_environment_and_a_read_only_proc_sys() -> None:
+    # bwrap's --clearenv clears only what the task execs with; bwrap, the sandbox's PID 1, keeps what it
+    # was started with (/proc/1/environ), so it is started through `env -i`. And its --proc leaves the
+    # host's sysctls writable to a root task: /proc/sys is bound read-only over it.
+    argv = bwrap_argv.reference_argv(P.load(None), VALUES, FACTS)
+    assert argv[:3] == ("/usr/bin/env", "-i", "/usr/bin/bwrap")
+    proc = argv.index("--proc")
+    assert argv[proc + 2 : proc + 5] == ("--ro-bind", "/proc/sys", "/proc/sys")
+
+
+def test_a_profile_disclaims_a_default_promise_with_a_reason_and_allows_devices_and_sockets(
+    tmp_path: Path,
+) -> None:
+    prof = P.load(
+        _write(
+            tmp_path,
+            MINIMAL
+            + 'unix_allowed = ["/run/agent.sock"]\n[devices]\nallow = ["/dev/fuse"]\n'
+            + '[promises]\nnot_claimed = { host_sockets = "binds / read-only: every host socket shows" }\n',
+        )
+    )
+    assert "host_sockets" not in prof.promises() and "devices" in prof.promises()
+    assert prof.not_claimed == {"host_sockets": "binds / read-only: every host socket shows"}
+    assert prof.devices_allowed == ("/dev/fuse",) and prof.unix_allowed == ("/run/agent.sock",)
+
+
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        ('[promises]\nnot_claimed = { network = "x" }\n', "promises.not_claimed.network"),
+        ('[promises]\nnot_claimed = { devices = "" }\n', "promises.not_claimed.devices"),
+        ('[promises]\nnot_claimed = "all"\n', "promises.not_claimed"),
+        ('[devices]\nallow = ["/etc/passwd"]\n', "devices.allow"),
+        ('[devices]\nallow = "/dev/fuse"\n', "devices.allow"),
+    ],
+)
+def test_a_bad_reach_key_names_itself(tmp_path: Path, body: str, key: str) -> None:
+    with pytest.raises(P.ProfileError) as e:
+        P.load(_write(tmp_path, MINIMAL + body))
     assert e.value.key == key

@@ -26,6 +26,16 @@ program on stdin.
                    write beneath DIR with EACCES (landlock(7)); with DIR bound read-write, nothing
                    lands, but the refusal is not EROFS.
 
+What the task holds and reaches (issue 26), each the mistake of a real sandbox:
+--secret-file      a .env holding the launcher's secret, written into the task's working directory.
+--leak-dir         a directory descriptor of the layout's root left open into the task (runc
+                   CVE-2024-21626: openat(fd, "..") walks the host's tree past every mount).
+--leak-socket      a TCP connection of the launcher's, on the host's loopback, left open.
+--leak-netns       a descriptor of the host's network namespace left open.
+--bind-daemon-socket  the harness's planted daemon socket bound in at /run/agentd.sock.
+--seccomp-x86-64-only  a filter that refuses user namespaces by x86_64 syscall numbers and never checks
+                   the architecture, so the i386 entry point (int 0x80) creates one.
+
 --disable-userns is passed by the `controls` command when the disable_userns probe says it works
 (the reference launcher's own rule). Exit status: CMD's; 70 (EX_SOFTWARE) when the sandbox could
 not be set up, with one line on stderr."""
@@ -91,6 +101,12 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--mask-copy", action="store_true")
     p.add_argument("--offer-proxy", action="store_true")
     p.add_argument("--landlock-refuse", metavar="DIR")
+    p.add_argument("--secret-file", action="store_true")
+    p.add_argument("--leak-dir", action="store_true")
+    p.add_argument("--leak-socket", action="store_true")
+    p.add_argument("--leak-netns", action="store_true")
+    p.add_argument("--bind-daemon-socket", action="store_true")
+    p.add_argument("--seccomp-x86-64-only", action="store_true")
     args = p.parse_args(argv[:cut])
     cmd = argv[cut + 1 :]
     if not cmd:
@@ -310,6 +326,58 @@ def _seccomp_fd(names: Sequence[str]) -> int:
     os.close(w)
     os.set_inheritable(r, True)
     return r
+
+
+def _seccomp_x86_64_only_fd() -> int:
+    """A filter that refuses every x86_64 door to a user namespace (unshare, clone3, clone with
+    CLONE_NEWUSER) and never checks seccomp_data.arch: the i386 entry point (int 0x80, where unshare is
+    310) goes through untouched, the mistake seccomp(2) warns about ("the architecture ... must be
+    checked")."""
+    import struct
+
+    ld, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JSET|K, BPF_RET|K
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+    prog = [
+        (ld, 0, 0, 0),  # 0: seccomp_data.nr
+        (jeq, 5, 0, 272),  # 1: unshare -> 7
+        (jeq, 5, 0, 435),  # 2: clone3 -> 8 (glibc falls back to clone on ENOSYS)
+        (jeq, 0, 2, 56),  # 3: clone -> 4, anything else -> 6
+        (ld, 0, 0, 16),  # 4: args[0], its low 32 bits (x86_64 is little-endian)
+        (jset, 1, 0, 0x10000000),  # 5: CLONE_NEWUSER -> 7, else -> 6
+        (ret, 0, 0, allow),  # 6
+        (ret, 0, 0, eperm),  # 7
+        (ret, 0, 0, enosys),  # 8
+    ]
+    r, w = os.pipe()
+    os.write(w, b"".join(struct.pack("HBBI", *ins) for ins in prog))
+    os.close(w)
+    os.set_inheritable(r, True)
+    return r
+
+
+def _layout_root(spec: Mapping[str, object]) -> Path:
+    # conformance/layout.py: ROOT/state is {state}; the launcher's working directory is ROOT.
+    return Path(str(spec["state"])).parent
+
+
+def _secret_file(spec: Mapping[str, object]) -> None:
+    """What a platform does to hand a task its credentials: a .env in the task's working directory."""
+    from conformance.launch import SECRET_ENV
+
+    env = Path(str(spec["task"]["workdir"])) / ".env"  # type: ignore[index]
+    env.write_text(f"{SECRET_ENV}={os.environ.get(SECRET_ENV, '')}\n")
+
+
+def _leaked_socket() -> int:
+    """A TCP connection of the launcher's (to a listener of its own, on the host's loopback), left open:
+    the launcher's listener and its end go at execve (close-on-exec), the task keeps the other."""
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname(), timeout=5)
+    client.set_inheritable(True)
+    server.accept()  # dropped at exec with the listener
+    return client.detach()
 
 
 def _stale_control(spec: Mapping[str, object]) -> tuple[str, ...]:
@@ -582,6 +650,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             _leave_daemon()
         if args.mask_copy:
             body += _mask_copy(spec)
+        if args.secret_file:
+            _secret_file(spec)
+        if args.leak_dir:
+            # runc CVE-2024-21626: a directory descriptor of the host (the layout's root) left open.
+            os.set_inheritable(os.open(_layout_root(spec), os.O_RDONLY | os.O_DIRECTORY), True)
+        if args.leak_socket:
+            _leaked_socket()
+        if args.leak_netns:
+            os.set_inheritable(os.open("/proc/self/ns/net", os.O_RDONLY), True)
+        if args.bind_daemon_socket:
+            # The Docker-socket class: a host daemon's socket bound in (read-only: connect(2) needs no
+            # writable mount, only write permission on the socket, net/unix/af_unix.c unix_find_bsd).
+            body += ["--ro-bind", str(_layout_root(spec) / "run" / "agentd.sock"), "/run/agentd.sock"]
+        if args.seccomp_x86_64_only:
+            body += ["--seccomp", str(_seccomp_x86_64_only_fd())]
         if args.landlock_refuse:
             python = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
             cmd = [python, "-I", "-S", "-c", LANDLOCK, args.landlock_refuse, str(LANDLOCK_WRITES), *cmd]
