@@ -108,6 +108,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         self.layout: layout.Layout | None = None
         self.host: plan.HostView | None = None
         self._daemon: socket.socket | None = None
+        self._lifecycle: dict[str, Any] | None = None
         self._host_sockets: tuple[str, ...] = ()
 
     # -- host side ------------------------------------------------------------------------------
@@ -421,7 +422,11 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
                     timeout=self.timeout,
                     cwd=str(lay.root),
                     runner=runner,
-                    hooks={"on_line": watch.on_line, "after_exit": watch.after_exit},
+                    hooks={
+                        "on_line": watch.on_line,
+                        "after_exit": watch.after_exit,
+                        "on_start": watch.on_start,
+                    },
                 )
                 if leaf is not None:
                     if killer is not None:
@@ -441,6 +446,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         except cgroup_leaf.CgroupError as e:
             raise HarnessError(f"{self.launcher.name}: task cgroup: {e}") from None
         finally:
+            watch.stop_looking()
             knocks = self._knocks()
             after = plan.host_after(the_plan.host_checks)
             # A planted file outside our layout (a broken sandbox let it through into, say, /usr):
@@ -451,6 +457,18 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
                         os.unlink(p)
         check_document(self.launcher.name, doc, the_plan)
         unobserved = self.unobservable
+        seen = watch.seen
+        unseen = None if seen is not None else f"no live task seen from the host: {watch.why_not}"
+        hs = doc.get("handshake")
+        released = hs.get("value") if isinstance(hs, dict) else None
+        if seen is not None and released != watch.release_value:
+            # The host released the process it read with a number only that process received; a
+            # document without it was written by another process (a decoy carried the tag).
+            seen, unseen = None, (
+                "the process the host read did not write this document: it was released with a value "
+                f"the document does not carry (the document says {released!r}); another process "
+                "carried the task's tag"
+            )
         return plan.Task(
             doc=doc,
             plan=the_plan,
@@ -460,10 +478,12 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             launcher=self.launcher.name,
             argv=argv,
             cgroup=cgroup,
-            seen=watch.seen,
+            seen=seen,
             unobserved=unobserved and f"the host cannot observe this task ({unobserved})",
             # A document with no live task behind it: every kernel-state witness fails saying so.
-            unseen=None if watch.seen is not None else f"no live task seen from the host: {watch.why_not}",
+            unseen=unseen,
+            changes=tuple(watch.changes),
+            looks=watch.looks,
             survivors=tuple(watch.survivors or ()),
             host_devices=watch.host_devices,
             knocks=_from_task(knocks, watch.seen),
@@ -476,6 +496,54 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             if "secrets" in made
             else (),
         )
+
+    def lifecycle(self) -> dict[str, Any]:
+        """The lifecycle promise's launch (made once, cached): a task that only announces itself and
+        waits; the host finds it, SIGKILLs its launcher, and records how long the task took to go and
+        what the launch left running. The plan holds no ops: nothing it does may collide with the main
+        launch's files."""
+        if self._lifecycle is None:
+            self._lifecycle = self._lifecycle_launch()
+        return self._lifecycle
+
+    def _lifecycle_launch(self) -> dict[str, Any]:
+        if self.layout is None or self.host is None:
+            raise HarnessError("witness session used outside its `with` block")
+        if self.unobservable:
+            return {"killed": False, "why": f"the host cannot observe this task ({self.unobservable})"}
+        lay = self.layout
+        spec_file = layout.write_spec(lay, self.spec())
+        env = minimal_env({**self.launcher_env, SPEC_ENV: str(spec_file), SECRET_ENV: self.host.secret_value})
+        nonce = secrets.token_hex(8)
+        tag = observer.tag(nonce)
+        watch = observer.Watch(tag, nonce, protected=(), host_namespaces=self.host.namespaces, lifecycle=True)
+        the_plan = plan.Plan(
+            task_id=lay.task_id,
+            ops=(),
+            tcp=(),
+            unix_abstract=(),
+            nested_userns=False,
+            launch_nonce=nonce,
+            tag=tag,
+            handshake_seconds=max(1.0, min(10.0, self.timeout / 3)),
+        )
+        done = run(
+            self.argv(),
+            timeout=self.timeout,
+            input=plan.program(the_plan),
+            env=env,
+            cwd=str(lay.root),
+            on_line=watch.on_line,
+            after_exit=watch.after_exit,
+            on_start=watch.on_start,
+        )
+        watch.stop_looking()
+        return {
+            **watch.lifecycle_result,
+            "survivors": list(watch.survivors or ()),
+            "exit": done.returncode,
+            "timed_out": done.timed_out,
+        }
 
     def _knocks(self) -> list[int]:
         """The host pids that connected to the planted daemon socket during the launch (accepted and

@@ -27,6 +27,7 @@ VERSION = 2  # 2: environment with values, nested_userns per door, launch_nonce,
 CLONE_NEWUSER = 0x10000000  # <linux/sched.h>
 SIGCHLD = 17
 PR_SET_NAME, PR_GET_NO_NEW_PRIVS = 15, 39  # <linux/prctl.h>
+SI_QUEUE = -1  # <asm-generic/siginfo.h>: sent by sigqueue(3)
 PROC_SUPER_MAGIC = 0x9FA0  # <linux/magic.h>
 LINUX_CAPABILITY_VERSION_3 = 0x20080522  # <linux/capability.h>
 # clone3 has one number on every architecture (asm-generic/unistd.h); clone's differs.
@@ -357,19 +358,63 @@ def kernel_view() -> "dict[str, object]":
     return out
 
 
-def handshake(plan: "Mapping[str, Any]") -> "dict[str, object]":
-    # The host-side observer (conformance/observer.py) finds this process by its comm, reads its
-    # kernel state from the host's /proc while it waits here, then releases it with SIGUSR1. SIGUSR1
-    # is blocked first, so a release that comes early waits as pending (sigtimedwait(2)).
+def take_tag(tag: str) -> "str | None":
+    # The first thing the program does: the host-side observer (conformance/observer.py) finds this
+    # process by its comm from the moment it runs, and looks at it unannounced until it exits. SIGUSR1
+    # (the release) is blocked now, so a release that comes early waits as pending (sigtimedwait(2)).
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_NAME, ctypes.c_char_p(plan["tag"].encode()), 0, 0, 0) != 0:
-        return {"error": "prctl(PR_SET_NAME): " + errno.errorcode.get(ctypes.get_errno(), "?")}
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+    if libc.prctl(PR_SET_NAME, ctypes.c_char_p(tag.encode()), 0, 0, 0) != 0:
+        return "prctl(PR_SET_NAME): " + errno.errorcode.get(ctypes.get_errno(), "?")
+    return None
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _release(seconds: float) -> "dict[str, object]":
+    # sigtimedwait(2) through libc, for the siginfo Python's signal.sigtimedwait leaves out: the host
+    # releases us with sigqueue(3), and si_value (a number drawn at release, that only the process it
+    # signalled receives) goes into the document, binding the process the host read to this document.
+    # siginfo_t on 64-bit Linux: si_signo, si_errno, si_code, then the union at offset 16, whose _rt
+    # member is si_pid, si_uid, si_value (include/uapi/asm-generic/siginfo.h).
+    libc = ctypes.CDLL(None, use_errno=True)
+    mask = ctypes.create_string_buffer(128)  # sigset_t
+    libc.sigemptyset(mask)
+    libc.sigaddset(mask, signal.SIGUSR1)
+    info = ctypes.create_string_buffer(128)
+    ts = _Timespec(int(seconds), int((seconds - int(seconds)) * 1e9))
+    while True:
+        got = libc.sigtimedwait(mask, info, ctypes.byref(ts))
+        if got >= 0 or ctypes.get_errno() != errno.EINTR:
+            break
+    if got < 0:
+        return {"released": False, "errno": _errno()}
+    code = struct.unpack_from("i", info.raw, 8)[0]
+    value = struct.unpack_from("i", info.raw, 24)[0] if ctypes.sizeof(ctypes.c_void_p) == 8 else None
+    return {"released": True, "si_code": code, "value": value if code == SI_QUEUE else None}
+
+
+def handshake(plan: "Mapping[str, Any]") -> "dict[str, object]":
+    # The observer reads this process's kernel state from the host's /proc while it waits here, then
+    # releases it (see _release).
     sys.stdout.write(json.dumps({"sbxc_ready": plan["launch_nonce"]}) + "\n")
     sys.stdout.flush()
     start = time.monotonic()
-    got = signal.sigtimedwait([signal.SIGUSR1], plan["handshake_seconds"])
-    return {"released": got is not None, "waited": round(time.monotonic() - start, 3)}
+    out = _release(plan["handshake_seconds"])
+    out["waited"] = round(time.monotonic() - start, 3)
+    return out
+
+
+def after_release() -> "dict[str, object]":
+    # The task's own view again, once the host has looked: a sandbox that is one thing at the handshake
+    # and another after it is caught by comparing these with the readings made before it.
+    return {
+        "namespaces": observe(namespaces),
+        "status": observe(status),
+        "mounts": observe(lambda: sorted((str(m["mount_point"]), bool(m["ro"])) for m in mountinfo())),
+    }
 
 
 def _errno() -> str:
@@ -413,8 +458,8 @@ def door_clone3(libc: ctypes.CDLL) -> "dict[str, object]":
 
 
 def door_unshare(libc: ctypes.CDLL) -> "dict[str, object]":
-    # Last of all: on success it moves this process into a new user namespace. unshare(2) fails with
-    # EINVAL in a multithreaded process; this program starts no threads.
+    # On success it moves the calling process (a child: see nested_userns) into a new user namespace.
+    # unshare(2) fails with EINVAL in a multithreaded process; this program starts no threads.
     if libc.unshare(CLONE_NEWUSER) != 0:
         return {"ok": False, "errno": _errno()}
     return {"ok": True, "errno": None}
@@ -509,7 +554,9 @@ def nested_userns(fds: "Sequence[int]" = ()) -> "dict[str, object]":
         kind = link.split(":", 1)[0]
         if kind in NAMESPACES and link.endswith("]") and link != own.get(kind):
             doors[f"setns fd {fd} ({link})"] = in_child(functools.partial(_setns, fd))
-    doors["unshare"] = observe(door_unshare, libc)
+    # In a child too: a door that opens moves the child, never the task, so the host's looks at the
+    # task see one sandbox all its life.
+    doors["unshare"] = in_child(functools.partial(door_unshare, libc))
     return doors
 
 
@@ -938,12 +985,15 @@ def observe(fn: "Callable[[Unpack[Ts]], T]", *args: "Unpack[Ts]") -> "T | dict[s
 
 def main(plan: "Mapping[str, Any]") -> None:
     fds = inherited_fds()
+    tagged = take_tag(plan["tag"]) if plan.get("tag") else None
     doc: dict[str, object] = {
         "version": VERSION,
         "task_id": plan.get("task_id"),
         "complete": False,
         "launch_nonce": plan.get("launch_nonce"),
     }
+    if tagged:
+        doc["handshake"] = {"error": tagged}
     doc["ops"] = [dict(op, result=observe(do_op, op)) for op in plan.get("ops", [])]
     doc["mountinfo"] = observe(mountinfo)
     doc["status"] = observe(status)
@@ -967,8 +1017,9 @@ def main(plan: "Mapping[str, Any]") -> None:
     doc["kernel"] = observe(kernel_view)
     if plan.get("reach"):
         reach(plan["reach"], fds, doc)
-    if plan.get("tag"):
+    if plan.get("tag") and not tagged:
         doc["handshake"] = observe(handshake, plan)
+        doc["after_release"] = observe(after_release)
     cg: Mapping[str, Any] = plan.get("cgroup") or {}
     marker = cgroup_trials(cg, doc) if cg else None
     if plan.get("nested_userns", True):

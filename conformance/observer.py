@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import re
+import secrets
 import signal
 import stat
 import threading
@@ -619,6 +620,17 @@ def reach(pid: int, asked: Reach, mounts: Sequence[mountinfo.Mount], host_mounts
     return out
 
 
+def host_task(pid: int, proc: Path = Path("/proc")) -> tuple[int, str] | None:
+    """(start time, state) of a live process, or None once it is gone or a zombie (dead, unreaped)."""
+    try:
+        st = stat_fields(_read(proc / str(pid) / "stat"))
+    except (OSError, ValueError):
+        return None
+    if st["state"] in ("Z", "X"):
+        return None
+    return int(st["starttime"]), "alive"
+
+
 def boot_ticks() -> int:
     """Now, in the unit of /proc/PID/stat's starttime: clock ticks since boot (proc(5))."""
     return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
@@ -703,9 +715,68 @@ def kill(procs: Sequence[Mapping[str, Any]], proc: Path = Path("/proc")) -> None
                 os.waitpid(p["pid"], 0)  # ours since it was reparented: reap it
 
 
+# ---- more than one look, and a release only the process looked at receives ---------------------------
+
+# What must not change while the task runs: the namespaces it is in, what it may do (capability sets,
+# NoNewPrivs, its seccomp mode), its mount table, root and working directory.
+SNAPSHOT_STATUS = ("CapEff", "CapPrm", "CapBnd", "NoNewPrivs", "Seccomp")
+# The unannounced looks: at random intervals in this range (seconds), from the launch on.
+LOOK_EVERY = (0.005, 0.03)
+# lifecycle: how long the task may take to go once its launcher is SIGKILLed.
+LIFECYCLE_SECONDS = 5.0
+
+
+def snapshot(pid: int, proc: Path = Path("/proc")) -> dict[str, Any] | None:
+    """A cheap reading of what must stay the same, or None once the process is gone."""
+    base = proc / str(pid)
+    try:
+        out: dict[str, Any] = {f"ns/{ns}": os.readlink(base / "ns" / ns) for ns in NAMESPACES}
+        status = _status(_read(base / "status"))
+        out.update({k: status.get(k) for k in SNAPSHOT_STATUS})
+        table = mountinfo.parse(_read(base / "mountinfo"))
+        out["mounts"] = sorted((m.mount_id, m.mount_point, m.read_only) for m in table)
+        out["root"] = _dev_ino(os.stat(base / "root"))
+        out["cwd"] = _dev_ino(os.stat(base / "cwd"))
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError as e:
+        return {"error": errname(e)}
+    return out
+
+
+def differences(first: Mapping[str, Any], then: Mapping[str, Any]) -> list[str]:
+    out = []
+    for k in sorted(set(first) | set(then)):
+        if first.get(k) != then.get(k):
+            a, b = first.get(k), then.get(k)
+            if k == "mounts" and isinstance(a, list) and isinstance(b, list):
+                sa, sb = set(map(tuple, a)), set(map(tuple, b))
+                a, b = sorted(sa - sb), sorted(sb - sa)  # only what went and what came
+            out.append(f"{k}: {a} then {b}")
+    return out
+
+
+def sigqueue(pid: int, sig: int, value: int) -> None:
+    """sigqueue(3): the signal carries `value` as si_value, which only its receiver reads."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.sigqueue.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]  # union sigval: one word
+    if libc.sigqueue(pid, sig, ctypes.c_void_p(value)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
 class Watch:
     """The harness's side of the handshake, fed the launcher's stdout line by line (probes.run.run's
-    on_line) and called once the launcher has exited (after_exit), before its group is killed."""
+    on_line) and called once the launcher has exited (after_exit), before its group is killed.
+
+    From the launch on (on_start), it also looks for the task by its tag at moments the launcher cannot
+    know, and keeps looking until the task is gone: every look must match the one made at the
+    handshake. The release is a sigqueue(3) carrying a number drawn then, which the document must
+    echo: the process the host read is the one that wrote the document, not a decoy that carries the
+    tag. With `lifecycle`, the task is never released: its launcher is SIGKILLed instead, and the task
+    must be gone within LIFECYCLE_SECONDS."""
 
     def __init__(
         self,
@@ -716,9 +787,24 @@ class Watch:
         host_namespaces: Mapping[str, str],
         find_seconds: float = 2.0,
         asked: Reach | None = None,
+        lifecycle: bool = False,
     ) -> None:
         self.tag, self.nonce, self.protected = task_tag, launch_nonce, tuple(protected)
-        self.asked = asked
+        self.asked, self.lifecycle = asked, lifecycle
+        self.release_value = secrets.randbelow(1 << 30) + 1
+        self.launcher_pid: int | None = None
+        self.lifecycle_result: dict[str, Any] = {
+            "killed": False,
+            "why": "the task never announced the handshake",
+        }
+        # The unannounced looks (see _look): the pid they follow, the first reading, what differed.
+        self.looks = 0
+        self.changes: list[str] = []
+        self._followed: int | None = None
+        self._early: list[dict[str, Any]] = []
+        self._reference: dict[str, Any] | None = None
+        self._stop = threading.Event()
+        self._looker: threading.Thread | None = None
         self.host_namespaces, self.find_seconds = host_namespaces, find_seconds
         self.seen: Seen | None = None
         self.why_not: str = "the task never announced the handshake"
@@ -727,6 +813,38 @@ class Watch:
         self.signalled = threading.Event()
         become_subreaper()
         self.since = boot_ticks() - 1
+
+    def on_start(self, pid: int) -> None:
+        self.launcher_pid = pid
+        if self.tag:
+            self._looker = threading.Thread(target=self._look, name="sbxc-looks", daemon=True)
+            self._looker.start()
+
+    def _look(self) -> None:
+        """Look at the task at random moments from its start until it is gone (or after_exit)."""
+        rng = secrets.SystemRandom()
+        while not self._stop.wait(rng.uniform(*LOOK_EVERY)):
+            if self._followed is None:
+                pids = find(self.tag)
+                if len(pids) != 1:
+                    continue
+                self._followed = pids[0]
+            snap = snapshot(self._followed)
+            if snap is None:
+                if self.signalled.is_set():
+                    return  # gone after the handshake: the task is over
+                continue
+            self.looks += 1
+            if self._reference is None:
+                self._early.append(snap)
+            else:
+                self._compare(snap, "after the handshake")
+
+    def _compare(self, snap: Mapping[str, Any], when: str) -> None:
+        assert self._reference is not None
+        diff = differences(self._reference, snap)
+        if diff and len(self.changes) < 20:
+            self.changes.append(f"{when}: {'; '.join(diff)}")
 
     def on_line(self, line: str) -> None:
         if READY_KEY not in line or self.signalled.is_set():
@@ -760,13 +878,51 @@ class Watch:
             host_pidns=self.host_namespaces.get("pid", ""),
         )
         self.host_devices = mountinfo.devices(host_mounts)
+        self._reference = snapshot(pids[0])
+        if self._followed is not None and self._followed != pids[0]:
+            self.changes.append(f"the looks followed pid {self._followed}, the handshake found pid {pids[0]}")
+        self._followed = pids[0]
+        for early in self._early:
+            self._compare(early, "before the handshake")
+        if self.lifecycle:
+            self._kill_launcher(pids[0])
+            self.signalled.set()
+            return
         try:
-            os.kill(pids[0], signal.SIGUSR1)
+            sigqueue(pids[0], signal.SIGUSR1, self.release_value)
         except OSError as e:
             self.why_not = f"could not release the task (pid {pids[0]}): {errname(e)}"
         self.signalled.set()
 
+    def _kill_launcher(self, task: int) -> None:
+        """lifecycle: SIGKILL the launcher alone (not its group: a task that dies only with the group
+        would hide the bug), then wait for the task to go."""
+        if self.launcher_pid is None:
+            self.lifecycle_result = {"killed": False, "why": "the launcher's pid was never known"}
+            return
+        first = host_task(task)
+        os.kill(self.launcher_pid, signal.SIGKILL)
+        start = time.monotonic()
+        while time.monotonic() - start < LIFECYCLE_SECONDS:
+            now = host_task(task)
+            if now is None or first is None or now != first:
+                self.lifecycle_result = {"killed": True, "gone_after": round(time.monotonic() - start, 3)}
+                return
+            time.sleep(0.01)
+        self.lifecycle_result = {
+            "killed": True,
+            "gone_after": None,
+            "why": f"the task (host pid {task}) still ran {LIFECYCLE_SECONDS:.0f}s after its launcher "
+            "was SIGKILLed",
+        }
+
+    def stop_looking(self) -> None:
+        self._stop.set()
+        if self._looker is not None and self._looker is not threading.current_thread():
+            self._looker.join(timeout=2)
+
     def after_exit(self, launcher_pgid: int) -> None:
+        self.stop_looking()
         if self.seen is None:
             # Nothing of the task was found; the launcher's group is still checked.
             seen = Seen(0, {}, "error: not found", "error: not found", "error: not found", "", "error")

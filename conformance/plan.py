@@ -522,6 +522,10 @@ class Task(NamedTuple):
     # writable directories holding the launcher's secret after it.
     knocks: int = 0
     secret_files: tuple[str, ...] = ()
+    # What differed between the host's looks at the task (conformance/observer.py Watch), and how many
+    # unannounced looks it made.
+    changes: tuple[str, ...] = ()
+    looks: int = 0
 
     def result(self, op: str, path: str) -> Mapping[str, Any]:
         for o in self.doc.get("ops", []):

@@ -33,7 +33,7 @@ REFERENCE_NAME = "reference"
 # The promises every profile makes without writing them down: what the task holds (descriptors) and
 # reaches (the launcher's secret anywhere, the host's kernel settings, device nodes, host unix sockets).
 # A sandbox that does not keep one says so, with the measured reason, in [promises] not_claimed.
-DEFAULT_PROMISES = ("descriptors", "secrets", "kernel_interfaces", "devices", "host_sockets")
+DEFAULT_PROMISES = ("descriptors", "secrets", "kernel_interfaces", "devices", "host_sockets", "lifecycle")
 
 
 class ProfileError(Exception):
@@ -209,6 +209,8 @@ class Profile(NamedTuple):
             # started outlives the task: every profile.
             "kernel_view": True,
             "leftovers": True,
+            # The host's every look at the task shows the same sandbox, from its start to its end.
+            "unchanged": True,
             "nested_userns": self.nested_userns is Nested.refused,
             "pid": ns.pid is Sharing.private,
             "ipc": ns.ipc is Sharing.private,

@@ -136,6 +136,7 @@ def run(
     after_exit: Callable[[int], None] | None = None,
     die_with: int = signal.SIGKILL,
     pass_fds: Sequence[int] = (),
+    on_start: Callable[[int], None] | None = None,
 ) -> Completed:
     """Run argv in a new session; on timeout SIGKILL its whole process group and reap it.
 
@@ -143,7 +144,8 @@ def run(
     build the user must see live); the result then carries no output.
     on_line: called (in a reader thread) with each stdout line as it arrives, while the child runs.
     after_exit: called with the process group id once the leader has exited, BEFORE the rest of its
-    group is killed, so the caller can see what the child left running.
+    group is killed, so the caller can see what the child left running. on_start: called with the
+    child's pid as soon as it is started (the host-side observer's watch of a launch).
     die_with: the child's parent-death signal; SIGTERM for a child of ours that cleans up after
     itself (a witness run under `run` or `controls`). pass_fds: descriptors the child inherits (every
     other one above stderr is closed in it, as Popen does by default). Interrupted (a Cancelled, any
@@ -177,6 +179,8 @@ def run(
         return Completed(argv, None, "", f"{argv[0]}: fork: {errno.errorcode[e.errno or errno.EAGAIN]}", 0.0)
     cancel.track(proc.pid, signal.SIGTERM)
     try:
+        if on_start is not None:
+            on_start(proc.pid)
         if on_line is not None or after_exit is not None:
             return _streamed(proc, argv, input, timeout, started, on_line, after_exit)
         try:
