@@ -133,6 +133,35 @@ SECRETS = _w("test_the_launchers_secret_is_readable_nowhere_in_the_task")
 KERNEL_INTERFACES = _w("test_the_hosts_kernel_settings_cannot_be_opened_for_writing")
 DEVICES = _w("test_only_allowlisted_device_nodes_can_be_opened")
 HOST_SOCKETS = _w("test_no_host_unix_socket_can_be_connected_to")
+UNCHANGED = _w("test_the_sandbox_is_the_same_at_every_look")
+LIFECYCLE = _w("test_the_task_dies_with_its_launcher")
+
+# Every witness judged on the host's reading of the live task: a document with no live task behind it
+# (a forger's, a decoy's) turns each of them red.
+HOST_JUDGED = (
+    MASKED_TMPFS,
+    USR_MOUNTS_RO,
+    STATE_MOUNTS_RO,
+    OWN_NETNS,
+    PIDS_INVISIBLE,
+    PID_1,
+    IPC,
+    UTS,
+    NO_CAPS,
+    NNP,
+    ENV_ALLOWLIST,
+    ENV_SECRET,
+    ENV_SET,
+    ALIASES,
+    WRITE_SURFACE,
+    KERNEL_VIEW,
+    WORKDIR_START,
+    DESCRIPTORS,
+    SECRETS,
+    KERNEL_INTERFACES,
+    DEVICES,
+    HOST_SOCKETS,
+)
 
 CONTROLS: tuple[Control, ...] = (
     Control(
@@ -370,37 +399,16 @@ CONTROLS: tuple[Control, ...] = (
         "daemon_left_behind",
         "the launcher leaves a daemon running (double fork, a session of its own) after the task exits",
         launcher_args=("--leave-daemon",),
-        reddens=(LEFTOVERS,),
+        # The lifecycle launch leaves one too, and finds it after the launcher's SIGKILL.
+        reddens=(LEFTOVERS, LIFECYCLE),
     ),
     Control(
         "forged_document",
         "no sandbox and no task: the launcher prints the document a perfect sandbox would, echoing this "
         "launch's nonce and creating the files the writable witnesses look for",
         launcher_args=("--forge-document",),
-        reddens=(
-            MASKED_TMPFS,
-            USR_MOUNTS_RO,
-            STATE_MOUNTS_RO,
-            OWN_NETNS,
-            PIDS_INVISIBLE,
-            PID_1,
-            IPC,
-            UTS,
-            NO_CAPS,
-            NNP,
-            ENV_ALLOWLIST,
-            ENV_SECRET,
-            ENV_SET,
-            ALIASES,
-            WRITE_SURFACE,
-            KERNEL_VIEW,
-            WORKDIR_START,
-            DESCRIPTORS,
-            SECRETS,
-            KERNEL_INTERFACES,
-            DEVICES,
-            HOST_SOCKETS,
-        ),
+        # The lifecycle launch meets no task either: nothing announces, so nothing can be killed.
+        reddens=(*HOST_JUDGED, UNCHANGED, LIFECYCLE),
         collateral=(
             Collateral(
                 NESTED_USERNS,
@@ -514,7 +522,36 @@ REACH: tuple[Control, ...] = (
         needs=Needs.x86_64,
     ),
 )
-CONTROLS = CONTROLS + REACH
+WATCH: tuple[Control, ...] = (
+    # ---- issue 27: sandboxes built to fool an observer that looks once, at an announced moment ------
+    Control(
+        "outlives_launcher",
+        "no --die-with-parent: the task keeps running when its launcher is SIGKILLed",
+        launcher_args=("--drop=--die-with-parent",),
+        reddens=(LIFECYCLE,),
+    ),
+    Control(
+        "late_seccomp",
+        "the task's seccomp filter is applied just before it announces the handshake: until the host's "
+        "look, it ran in another sandbox than the one the host reads",
+        launcher_args=("--late-seccomp",),
+        # The task read its own status before the filter; the host reads it after: the same one thing.
+        reddens=(UNCHANGED, KERNEL_VIEW),
+    ),
+    Control(
+        "decoy",
+        "a decoy in the honest reference sandbox carries the task's tag and waits to be looked at, while "
+        "the real task runs with the host's ipc namespace and every capability and prints the document",
+        launcher_args=("--decoy",),
+        # The host released the process it read with a number the document does not carry: every
+        # witness judged on that reading has no live task behind the document.
+        reddens=(*HOST_JUDGED, UNCHANGED),
+        collateral=(
+            Collateral(LIFECYCLE, "its launch meets the same decoy, and the real task never announces"),
+        ),
+    ),
+)
+CONTROLS = CONTROLS + REACH + WATCH
 
 UNCONTROLLED: tuple[Uncontrolled, ...] = (
     Uncontrolled(
@@ -542,6 +579,10 @@ AVAILABILITY: frozenset[str] = frozenset(
         # The harness starts the unsandboxed task with nothing but its stdio pipes: no descriptor of it
         # leads anywhere. Its controls are dir_fd_leaked, socket_leaked and netns_fd_leaked.
         DESCRIPTORS,
+        # With no sandbox the task is the launcher's own process (`env` execs it): it is one thing all
+        # its life and dies with its launcher. Their controls: late_seccomp, decoy, outlives_launcher.
+        UNCHANGED,
+        LIFECYCLE,
     )
 )
 # Witnesses an unprivileged task keeps with no sandbox at all: the host's sysctls and device nodes

@@ -150,7 +150,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         unix_path = str(run_dir / "agentd.sock")
         daemon = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._stack.callback(daemon.close)
-        daemon.bind(unix_path)
+        _bind_long(daemon, run_dir, "agentd.sock")
         os.chmod(unix_path, 0o777)
         daemon.listen(64)
         daemon.setblocking(False)
@@ -559,6 +559,16 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
                 cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
                 pids.append(struct.unpack("3i", cred)[0])
         return pids
+
+
+def _bind_long(sock: socket.socket, directory: Path, name: str) -> None:
+    """bind(2) a unix socket at directory/name whatever the length of the path (sun_path holds 108 bytes,
+    unix(7)): through /proc/self/fd/N/name, a magic link the kernel resolves to the directory itself."""
+    fd = os.open(directory, os.O_PATH | os.O_DIRECTORY)
+    try:
+        sock.bind(f"/proc/self/fd/{fd}/{name}")
+    finally:
+        os.close(fd)
 
 
 def _from_task(pids: list[int], seen: observer.Seen | None) -> int:

@@ -800,7 +800,7 @@ def unix_trials(paths: "Sequence[str]", roots: "Sequence[str]") -> "list[dict[st
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(0.5)
         try:
-            s.connect(path)
+            _connect_long(s, path)
         except OSError as e:
             if e.errno == errno.EPROTOTYPE:  # a datagram socket: try it as one
                 out.append(dict(attempt(functools.partial(_dgram, path)), path=path, type="dgram"))
@@ -816,13 +816,27 @@ def unix_trials(paths: "Sequence[str]", roots: "Sequence[str]") -> "list[dict[st
 def _dgram(path: str) -> None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
-        s.connect(path)
+        _connect_long(s, path)
     finally:
         s.close()
 
 
+def _connect_long(s: socket.socket, path: str) -> None:
+    # sun_path holds 108 bytes (unix(7)): a longer path is reached through /proc/self/fd/N/name, a
+    # magic link the kernel resolves to the socket's directory.
+    if len(path.encode()) < 100:
+        s.connect(path)
+        return
+    fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
+    try:
+        s.connect("/proc/self/fd/" + str(fd) + "/" + os.path.basename(path))
+    finally:
+        os.close(fd)
+
+
 def reach(spec: "Mapping[str, Any]", fds: "Sequence[int]", doc: "dict[str, object]") -> None:
-    secret = spec.get("secret", "").encode()
+    key, masked = bytes.fromhex(spec.get("secret_key", "")), bytes.fromhex(spec.get("secret_masked", ""))
+    secret = bytes(a ^ b for a, b in zip(masked, key))  # noqa: B905 - zip(strict=) is Python 3.10+
     doc["descriptors"] = observe(descriptors, fds, secret)
     roots = [r for r in (os.environ.get("HOME"), observe(os.getcwd)) if isinstance(r, str)]
     if secret:

@@ -737,10 +737,10 @@ def snapshot(pid: int, proc: Path = Path("/proc")) -> dict[str, Any] | None:
         out["mounts"] = sorted((m.mount_id, m.mount_point, m.read_only) for m in table)
         out["root"] = _dev_ino(os.stat(base / "root"))
         out["cwd"] = _dev_ino(os.stat(base / "cwd"))
-    except (FileNotFoundError, ProcessLookupError):
+    except OSError:
+        # Gone, or going: an exiting process's /proc files answer ENOENT, ESRCH or EINVAL. No reading
+        # is no look, never a change (the look at the handshake itself must succeed, see `read`).
         return None
-    except OSError as e:
-        return {"error": errname(e)}
     return out
 
 
@@ -835,9 +835,9 @@ class Watch:
                     return  # gone after the handshake: the task is over
                 continue
             self.looks += 1
-            if self._reference is None:
+            if not self.signalled.is_set():
                 self._early.append(snap)
-            else:
+            elif self._reference is not None:
                 self._compare(snap, "after the handshake")
 
     def _compare(self, snap: Mapping[str, Any], when: str) -> None:
@@ -882,8 +882,11 @@ class Watch:
         if self._followed is not None and self._followed != pids[0]:
             self.changes.append(f"the looks followed pid {self._followed}, the handshake found pid {pids[0]}")
         self._followed = pids[0]
-        for early in self._early:
-            self._compare(early, "before the handshake")
+        if self._reference is None:
+            self.changes.append("the host could not read the task again right after its handshake look")
+        else:
+            for early in self._early:
+                self._compare(early, "before the handshake")
         if self.lifecycle:
             self._kill_launcher(pids[0])
             self.signalled.set()

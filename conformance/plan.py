@@ -329,8 +329,13 @@ def reach_plan(profile: Profile, host: HostView) -> dict[str, Any] | None:
     made = set(profile.promises())
     if not made & {"descriptors", "secrets", "kernel_interfaces", "devices", "host_sockets"}:
         return None
+    secret = (host.secret_value if "secrets" in made else "").encode()
+    # Never in clear: the program may be written to a file the task can read (a launcher that stages it),
+    # where the task's own search would find the secret in its own plan. Masked with a one-time key.
+    key = os.urandom(len(secret))
     return {
-        "secret": host.secret_value if "secrets" in made else "",
+        "secret_key": key.hex(),
+        "secret_masked": bytes(a ^ b for a, b in zip(secret, key, strict=True)).hex(),
         "secret_paths": [host.secret_file] if host.secret_file else [],
         "kernel_paths": list(KERNEL_INTERFACES) if "kernel_interfaces" in made else [],
         "write_back": list(WRITE_BACK),

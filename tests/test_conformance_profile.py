@@ -56,6 +56,8 @@ def test_the_reference_profile_loads_and_makes_every_promise_family() -> None:
         "kernel_interfaces",
         "devices",
         "host_sockets",
+        "lifecycle",
+        "unchanged",
     }
     assert prof.limits.memory_max == 512 * 1024**2 and prof.limits.pids_max == 256
 
@@ -123,7 +125,10 @@ def test_a_promise_not_made_is_not_in_the_profiles_promises(tmp_path: Path) -> N
         _write(tmp_path, '[profile]\nname = "t"\n[network]\nmode = "host"\n[process]\nno_new_privs = true\n')
     )
     # Every profile is held to the host-side promises unless it opts out of the write surface.
-    assert prof.promises() == ("write_surface", "kernel_view", "leftovers", "no_new_privs", *P.DEFAULT_PROMISES)
+    assert prof.promises() == (
+        "write_surface", "kernel_view", "leftovers", "unchanged", "no_new_privs",
+        *(p for p in P.DEFAULT_PROMISES if p != "secrets"),  # no environment allowlist: no secret promise
+    )
 
 
 def test_placeholders_expand_against_the_layout() -> None:

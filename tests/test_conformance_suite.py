@@ -18,6 +18,7 @@ import psutil
 import pytest
 from witness_cli import junit, witness
 
+from conformance import profile
 from conformance.launch import HarnessError, Launcher, LauncherKind, external, launch, parse_document
 from probes.run import Completed
 
@@ -75,7 +76,11 @@ def test_the_reference_sandbox_keeps_every_promise(
     done = witness(*args)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
-    kept = 25 - untested
+    # One row per promise: every family the profile makes, the path families once per path.
+    prof = profile.load(None)
+    fs = prof.filesystem
+    rows = len(prof.promises()) - 4 + len(fs.masked) + len(fs.read_only) + len(fs.writable) + len(fs.absent)
+    kept = rows - untested
     assert lines[-1].startswith(f"witness: {kept} kept, 0 BROKEN, {untested} not tested"), done.stdout
     assert sum(ln.endswith(": kept") for ln in lines[:-1]) == kept, done.stdout
     cases = junit(tmp_path / "j.xml")
@@ -98,18 +103,19 @@ LAUNCHER = textwrap.dedent("""\
     mode=$1 state=$2 control=$3 user_tmp=$4 workdir=$5
     shift 5
     net=--unshare-net; ctl=--ro-bind; mask="--tmpfs $state/db --remount-ro $state/db"; env=--clearenv
+    envi="env -i"  # bwrap itself must not hold the launcher's environment: it is the sandbox's PID 1
     case $mode in
       control_rw) ctl=--bind ;;
       net_shared) net= ;;
       no_mask) mask= ;;
-      keep_env) env= ;;
+      keep_env) env= envi= ;;
     esac
-    exec bwrap --unshare-user --unshare-pid --unshare-ipc --unshare-uts --hostname sbxc-task $net \\
+    exec $envi bwrap --unshare-user --unshare-pid --unshare-ipc --unshare-uts --hostname sbxc-task $net \\
       --disable-userns --cap-drop ALL --die-with-parent --new-session $env \\
       --setenv PATH /usr/bin:/bin --setenv HOME "$workdir" --setenv LANG C.UTF-8 \\
       --setenv TASK_ID "$(basename "$(dirname "$control")")" \\
       --ro-bind /usr /usr --symlink usr/bin /bin --symlink usr/lib /lib --symlink usr/lib64 /lib64 \\
-      --proc /proc --dev /dev --tmpfs /tmp \\
+      --proc /proc --ro-bind /proc/sys /proc/sys --dev /dev --tmpfs /tmp \\
       --ro-bind "$state" "$state" $mask --tmpfs "$state/users" \\
       --bind "$user_tmp" "$user_tmp" $ctl "$control" "$control" --bind "$workdir" "$workdir" \\
       --remount-ro "$state/users" --chdir "$workdir" "$@"
@@ -211,6 +217,8 @@ def test_an_external_launcher_that_promises_limits_it_does_not_apply_is_red_on_t
             [
                 "test_only_allowlisted_environment_keys_arrive",
                 "test_the_launchers_secret_does_not_reach_the_task",
+                # bwrap, the sandbox's PID 1, holds it too (no env -i before it).
+                "test_the_launchers_secret_is_readable_nowhere_in_the_task",
             ],
         ),
     ],
@@ -402,9 +410,16 @@ def test_a_vacuous_witness_skips_and_a_promise_not_made_is_not_collected(
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     cases = junit(tmp_path / "j.xml")
     # Only the promised families exist at all: network, caps... are deselected, not skipped. Every
-    # profile also gets the host-side ones (write surface, kernel view, leftovers) and, with an absent
-    # path, the alias witness.
+    # profile also gets the host-side ones (write surface, kernel view, leftovers, the looks, the
+    # lifecycle, what the task holds and reaches; not the secret, with no environment promise) and,
+    # with an absent path, the alias witness.
     assert cases == {
+        "test_the_sandbox_is_the_same_at_every_look": "passed",
+        "test_the_task_dies_with_its_launcher": "passed",
+        "test_the_task_holds_no_descriptor_that_leads_out": "passed",
+        "test_the_hosts_kernel_settings_cannot_be_opened_for_writing": "passed",
+        "test_only_allowlisted_device_nodes_can_be_opened": "passed",
+        "test_no_host_unix_socket_can_be_connected_to": "passed",
         SKIPPED: "skipped",
         "test_no_new_privs_is_set": "passed",
         "test_every_writable_host_mount_is_a_declared_writable_path": "passed",

@@ -36,6 +36,13 @@ What the task holds and reaches (issue 26), each the mistake of a real sandbox:
 --seccomp-x86-64-only  a filter that refuses user namespaces by x86_64 syscall numbers and never checks
                    the architecture, so the i386 entry point (int 0x80) creates one.
 
+Built to fool an observer (issue 27); both rewrite the witness program they get on stdin:
+--decoy            a decoy in the honest reference sandbox carries the task's tag and waits to be
+                   looked at, while the real task (another tag) runs with the host's ipc namespace and
+                   every capability, and prints the document.
+--late-seccomp     the task applies a seccomp filter just before it announces the handshake: the
+                   sandbox the host reads then is not the one the task ran in until that moment.
+
 --disable-userns is passed by the `controls` command when the disable_userns probe says it works
 (the reference launcher's own rule). Exit status: CMD's; 70 (EX_SOFTWARE) when the sandbox could
 not be set up, with one line on stderr."""
@@ -107,6 +114,8 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--leak-netns", action="store_true")
     p.add_argument("--bind-daemon-socket", action="store_true")
     p.add_argument("--seccomp-x86-64-only", action="store_true")
+    p.add_argument("--decoy", action="store_true")
+    p.add_argument("--late-seccomp", action="store_true")
     args = p.parse_args(argv[:cut])
     cmd = argv[cut + 1 :]
     if not cmd:
@@ -284,10 +293,11 @@ SYS_UNSHARE = {"x86_64": 272, "aarch64": 97}
 
 def _scratch(spec: Mapping[str, object], name: str) -> Path:
     """A directory for the adversary's props, in the task's per-user temp: the launcher's user can
-    write there (also under --as-user), and the harness removes it with the layout."""
-    path = Path(str(spec["user_tmp"])) / f".sbxc-control-{name}"
-    path.mkdir()
-    return path
+    write there (also under --as-user), and the harness removes it with the layout. A fresh one per
+    launch: a session launches more than once (the lifecycle launch)."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix=f".sbxc-control-{name}-", dir=str(spec["user_tmp"])))
 
 
 def _forged_proc(spec: Mapping[str, object]) -> tuple[str, ...]:
@@ -378,6 +388,72 @@ def _leaked_socket() -> int:
     client.set_inheritable(True)
     server.accept()  # dropped at exec with the listener
     return client.detach()
+
+
+DECOY = """
+import ctypes, signal, sys
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+ctypes.CDLL(None).prctl(15, ctypes.c_char_p(sys.argv[1].encode()), 0, 0, 0)
+signal.sigtimedwait([signal.SIGUSR1], float(sys.argv[2]))
+"""
+READY_LINE = '    sys.stdout.write(json.dumps({"sbxc_ready": plan["launch_nonce"]}) + "\\n")\n'
+# PR_SET_SECCOMP (22), SECCOMP_MODE_FILTER (2), a filter of one instruction: SECCOMP_RET_ALLOW. It changes
+# nothing the task may do, only what the host reads in /proc/PID/status (Seccomp: 0 -> 2).
+LATE_SECCOMP = """    import ctypes as _c, struct as _s
+    _f = _c.create_string_buffer(_s.pack("HBBI", 6, 0, 0, 0x7FFF0000))
+    _p = _c.create_string_buffer(_s.pack("HxxxxxxQ", 1, _c.addressof(_f)))
+    _c.CDLL(None).prctl(22, 2, _p, 0, 0)
+"""
+
+
+def _plan_of(program: str) -> dict[str, Any]:
+    import ast
+
+    first, _, _ = program.partition("\n")
+    return dict(json.loads(ast.literal_eval(first.split("=", 1)[1].strip())))
+
+
+def _with_plan(program: str, plan: Mapping[str, Any]) -> str:
+    _, _, rest = program.partition("\n")
+    return f"PLAN = {json.dumps(dict(plan))!r}\n{rest}"
+
+
+F_SETPIPE_SZ = 1031  # fcntl(2), Linux
+
+
+def _feed(program: str) -> None:
+    """The (rewritten) witness program becomes the command's stdin: a pipe, as the harness's own is (a
+    file would be a descriptor of host storage the task holds), sized to take it whole at once."""
+    data = program.encode()
+    r, w = os.pipe()
+    fcntl.fcntl(w, F_SETPIPE_SZ, max(len(data) + 4096, 65536))
+    os.write(w, data)
+    os.close(w)
+    os.dup2(r, 0)
+    os.close(r)
+
+
+def _decoy(spec: Mapping[str, object], body: list[str], python: str) -> list[str]:
+    """Start the decoy; return the body for the real task (the host's ipc namespace, every capability)
+    and feed it the program with another tag and a short wait at the handshake."""
+    program = sys.stdin.read()
+    plan = _plan_of(program)
+    subprocess.Popen(
+        [*body, python, "-I", "-S", "-c", DECOY, str(plan["tag"]), str(plan["handshake_seconds"])],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+    real = dict(plan, tag="x" + str(plan["tag"])[1:], handshake_seconds=0.2)
+    _feed(_with_plan(program, real))
+    drop = {"--unshare-ipc", "--cap-drop", "ALL"}
+    return [w for w in body if w not in drop] + ["--cap-add", "ALL"]
+
+
+def _late_seccomp() -> None:
+    program = sys.stdin.read()
+    if READY_LINE not in program:
+        raise SandboxSetupError("the witness program has no handshake line to put the filter before")
+    _feed(program.replace(READY_LINE, LATE_SECCOMP + READY_LINE, 1))
 
 
 def _stale_control(spec: Mapping[str, object]) -> tuple[str, ...]:
@@ -665,6 +741,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             body += ["--ro-bind", str(_layout_root(spec) / "run" / "agentd.sock"), "/run/agentd.sock"]
         if args.seccomp_x86_64_only:
             body += ["--seccomp", str(_seccomp_x86_64_only_fd())]
+        if args.decoy:
+            python = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
+            body = _decoy(spec, body, python)
+        if args.late_seccomp:
+            _late_seccomp()
         if args.landlock_refuse:
             python = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
             cmd = [python, "-I", "-S", "-c", LANDLOCK, args.landlock_refuse, str(LANDLOCK_WRITES), *cmd]
