@@ -134,6 +134,8 @@ class Seen(NamedTuple):
     # (st_dev, st_ino) of the directory the task is in: stat(2) follows /proc/PID/cwd into the task's
     # own mount namespace (proc(5)), so this names the host directory whatever path the task sees.
     cwd: tuple[int, int] | str = "error: not read"
+    # The mounts the task can reach from its own root mount, as it names them (mountinfo.reachable()).
+    reach: tuple[mountinfo.Mount, ...] | str = "error: not read"
 
     @property
     def nspid(self) -> list[int]:
@@ -153,6 +155,7 @@ class Seen(NamedTuple):
             "device_nodes": sorted(self.device_nodes),
             "unreachable": sorted(self.unreachable),
             "cwd": list(self.cwd) if not isinstance(self.cwd, str) else self.cwd,
+            "reach": self.reach if isinstance(self.reach, str) else [m.mount_id for m in self.reach],
         }
 
 
@@ -203,15 +206,19 @@ def read(
     base = proc / str(pid)
     spaces = {ns: _attempt(functools.partial(os.readlink, base / "ns" / ns)) for ns in NAMESPACES}
     mounts = _attempt(lambda: tuple(mountinfo.parse(_read(base / "mountinfo"))))
+    # What the task can reach, from the mount its root really is (not the last one stacked on "/").
+    reach = mounts if isinstance(mounts, str) else _attempt(
+        functools.partial(mountinfo.for_task, mounts, pid, proc)
+    )
     root = base / "root"
     found: list[dict[str, Any]] = []
     nodes: set[str] = set()
-    if not isinstance(mounts, str):
+    if not isinstance(reach, str):
         for p in protected:
             where = mountinfo.locate(host_mounts, p.host_path)
             if where is None:
                 continue
-            for exp in mountinfo.exposures(mounts, where):
+            for exp in mountinfo.exposures(reach, where):
                 # Confirmed through the task's own root: the kernel resolves the alias in the task's
                 # mount namespace (proc(5), /proc/PID/root), and lists what is there.
                 listing = _attempt(functools.partial(_listing, root / exp.path.lstrip("/")))
@@ -223,7 +230,7 @@ def read(
                         "listing": listing,
                     }
                 )
-        for m in mountinfo.on_top(mounts):
+        for m in mountinfo.on_top(reach):
             if not m.read_only and m.storage:
                 with contextlib.suppress(OSError):
                     mode = os.stat(root / m.mount_point.lstrip("/")).st_mode
@@ -231,15 +238,17 @@ def read(
                         nodes.add(m.mount_point)
     status = _attempt(lambda: _status(_read(base / "status")))
     shut: set[str] = set()
-    if not isinstance(mounts, str) and not isinstance(status, str):
+    if not isinstance(reach, str) and not isinstance(status, str):
         uid_map = _attempt(lambda: _read(base / "uid_map"))
         creds = Creds.of(status, uid_map)  # "error: ERRNO" has no 3-field line: no mapped ranges
-        held = held_mounts(base, mounts)
-        for m in mountinfo.on_top(mounts):
+        held = held_mounts(base, reach)
+        for m in mountinfo.on_top(reach):
             writable = not m.read_only and m.storage and m.mount_point not in nodes
             # A mount the task already holds a way into (its cwd, its root, an open descriptor)
             # needs no path search: relative writes reach it whatever the directories above say.
-            if writable and m.mount_id not in held and unreachable(root, m.mount_point, creds):
+            # (One reached only through `..` has no host-side path to search: never excused.)
+            excused = not mountinfo.over_root(m) and unreachable(root, m.mount_point, creds)
+            if writable and m.mount_id not in held and excused:
                 shut.add(m.mount_point)
     cgroup = _attempt(lambda: _read(base / "cgroup"))
     return Seen(
@@ -255,6 +264,7 @@ def read(
         unreachable=frozenset(shut),
         cgroup_files=cgroup_files(cgroup, host_mounts),
         cwd=_attempt(lambda: _dev_ino(os.stat(base / "cwd"))),
+        reach=reach,
     )
 
 

@@ -69,7 +69,7 @@ def _host_ns(task: Task, name: str) -> str:
 
 
 def _mounts(task: Task) -> tuple[mountinfo.Mount, ...]:
-    mounts = _seen(task).mounts
+    mounts = _seen(task).reach  # from the task's own root mount (mountinfo.reachable())
     assert not isinstance(mounts, str), f"cannot tell the task's mount table: the host's read gave {mounts}"
     return mounts
 
