@@ -156,3 +156,31 @@ def test_the_witness_process_uses_the_findings_run_handed_down(tmp_path: Path) -
     )
     done = witness("--junitxml", str(tmp_path / "j.xml"), env={handover_mod.FINDINGS_ENV: raw})
     assert "sbxc-handed-down-marker" in done.stdout, done.stdout
+
+
+def test_a_launcher_exiting_75_is_one_did_not_run_with_its_reason_and_exit_75(tmp_path: Path) -> None:
+    # systemd-nspawn as a user: the sandbox cannot run here, which is no failure of it (issue 29).
+    launcher = tmp_path / "not-here"
+    launcher.write_text("#!/bin/sh\necho 'systemd-nspawn: Need to be root.' >&2\nexit 75\n")
+    launcher.chmod(0o755)
+    done = witness("--launcher", str(launcher), "--junitxml", str(tmp_path / "j.xml"))
+    assert done.returncode == 75, done.stdout + done.stderr
+    assert done.stderr.count("Need to be root.") == 1, done.stderr
+    assert "did not run" in done.stderr, done.stderr
+    assert "harness error" not in done.stdout + done.stderr and "BROKEN" not in done.stdout, done.stdout
+    assert not re.search(r"^\S.*: (kept|not tested)", done.stdout, re.M), done.stdout
+
+
+def test_exit_75_is_sandbox_unavailable_and_any_other_exit_a_harness_error() -> None:
+    from conformance.launch import HarnessError, SandboxUnavailable, parse_document
+    from probes.run import Completed
+
+    def done(code: int) -> Completed:
+        return Completed(argv=("x",), returncode=code, stdout="", stderr="needs a VM\n", seconds=0.1)
+
+    with pytest.raises(SandboxUnavailable) as unavailable:
+        parse_document("launcher 'x'", done(75))
+    assert unavailable.value.reason == "needs a VM"
+    with pytest.raises(HarnessError) as other:
+        parse_document("launcher 'x'", done(1))
+    assert not isinstance(other.value, SandboxUnavailable) and "exited 1" in str(other.value)
