@@ -428,7 +428,10 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             seen=watch.seen,
             unobserved=unobserved and f"the host cannot observe this task ({unobserved})",
             # A document with no live task behind it: every kernel-state witness fails saying so.
-            unseen=None if watch.seen is not None else f"no live task seen from the host: {watch.why_not}",
+            unseen=None
+            if watch.seen is not None
+            else f"no live task seen from the host: {watch.why_not} (a sandbox whose tasks run out of this "
+            "kernel's sight, such as gVisor or a VM, says so with --host-cannot-observe 'WHY')",
             survivors=tuple(watch.survivors or ()),
             host_devices=watch.host_devices,
         )

@@ -56,7 +56,11 @@ def _seen(task: Task) -> Seen:
             pytest.skip(task.unobserved)
         # Not a harness error: a launcher that prints a document with no live task behind it is the
         # broken (or hostile) sandbox this witness exists for.
-        raise AssertionError(task.unseen or "no live task seen from the host")
+        raise AssertionError(
+            task.unseen
+            or "no live task seen from the host (a sandbox whose tasks run out of this kernel's sight, "
+            "such as gVisor or a VM, says so with --host-cannot-observe 'WHY')"
+        )
     return task.seen
 
 

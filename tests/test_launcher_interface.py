@@ -184,3 +184,19 @@ def test_exit_75_is_sandbox_unavailable_and_any_other_exit_a_harness_error() -> 
     with pytest.raises(HarnessError) as other:
         parse_document("launcher 'x'", done(1))
     assert not isinstance(other.value, SandboxUnavailable) and "exited 1" in str(other.value)
+
+
+def test_no_live_task_seen_names_host_cannot_observe_as_the_way_on(tmp_path: Path) -> None:
+    # The task renamed on its way in: the host finds no process with the launch's tag, as it finds
+    # none for gVisor's or a VM's tasks. The verdict must say how such a sandbox is tested.
+    launcher = tmp_path / "renaming"
+    launcher.write_text('#!/bin/sh\nsed \'s/"tag": "sbxc/"tag": "hide/\' | exec "$@"\n')
+    launcher.chmod(0o755)
+    profile = tmp_path / "p.toml"
+    profile.write_text('[profile]\nname = "pid-only"\n[namespaces]\npid = "private"\n')
+    report = tmp_path / "r.json"
+    witness("--profile", str(profile), "--launcher", str(launcher), "--timeout", "6", "--json", str(report))
+    [pid] = [p for p in json.loads(report.read_text())["promises"] if p["promise"] == "pid"]
+    assert pid["verdict"] == "BROKEN", pid
+    assert "no live task seen from the host" in pid["detail"], pid
+    assert "--host-cannot-observe 'WHY'" in pid["detail"], pid
