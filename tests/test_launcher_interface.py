@@ -200,3 +200,18 @@ def test_no_live_task_seen_names_host_cannot_observe_as_the_way_on(tmp_path: Pat
     assert pid["verdict"] == "BROKEN", pid
     assert "no live task seen from the host" in pid["detail"], pid
     assert "--host-cannot-observe 'WHY'" in pid["detail"], pid
+
+
+def test_a_launcher_gets_a_fixed_path_never_the_callers_unless_given_one(tmp_path: Path) -> None:
+    # The caller's PATH starts with a shim directory (pyenv's): it must not become the launcher's.
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    seen = tmp_path / "path.txt"
+    launcher = _recording_launcher(tmp_path, f'printf %s "$PATH" > {seen}')
+    caller = {"PATH": f"{shims}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    witness("--launcher", str(launcher), "--junitxml", str(tmp_path / "j.xml"), env=caller)
+    assert seen.read_text() == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    given = "/opt/mine/bin:/usr/bin:/bin"
+    witness("--launcher", str(launcher), "--launcher-env", f"PATH={given}", "--junitxml",
+            str(tmp_path / "j.xml"), env=caller)
+    assert seen.read_text() == given
