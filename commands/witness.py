@@ -3,7 +3,8 @@
 stdout: the promise table (`kept`, `BROKEN: what the task saw`, `not tested: why`; conformance/render.py),
 then a summary. pytest's own report goes to a log, or to stderr under -v (conformance/output.py).
 Exit 0 every witness passed (skips only as gated), 1 a witness went red or a harness error, 2 bad
-input, 75 nothing could run (no bwrap and no --launcher)."""
+input, 75 nothing could run (no bwrap and no --launcher, or the launcher exited 75: its sandbox cannot
+run on this host or as this user, said once with the launcher's reason)."""
 
 from __future__ import annotations
 
@@ -146,6 +147,7 @@ class _Collector:
     def __init__(self) -> None:
         self.results: dict[str, _Result] = {}
         self.config: Any = None
+        self.unavailable: str | None = None  # the launcher's "not here" (exit 75), said once
 
     def pytest_configure(self, config: Any) -> None:
         self.config = config
@@ -166,6 +168,8 @@ class _Collector:
             return
         outcome, detail = r.outcome, r.detail
         props = dict(report.user_properties)
+        if "sbxc_unavailable" in props and self.unavailable is None:
+            self.unavailable = props["sbxc_unavailable"]
         if report.failed:
             if "sbxc_harness_error" in props:
                 outcome, detail = "error", "harness error: " + props["sbxc_harness_error"]
@@ -319,6 +323,7 @@ def main(args: argparse.Namespace) -> int:
         code = _main(args, out, early)
     except Refusal as e:
         out.refused(e.reason, e.ways_on)
+        out.finish(None)  # nothing was tested: pytest's report (if it ran) has nothing to keep
         raise
     except cancel.Cancelled:
         out.finish(None)  # a cancelled run: its log goes with it
@@ -480,6 +485,10 @@ def _session(args: argparse.Namespace, out: output.WitnessOutput, settings: Sett
     # pytest turns a SIGTERM/SIGINT/SIGHUP (a KeyboardInterrupt) into an interrupted session with its
     # fixtures torn down: the run ends cancelled, not as a red suite (probes/cancel.py).
     cancel.check()
+    if collector.unavailable is not None:
+        # The launcher said its sandbox cannot run here (exit 75): nothing was tested, so no table of
+        # harness errors, one per witness; the reason once, and 75 (commands/cli.py).
+        raise Refusal(collector.unavailable)
     results = list(collector.results.values())
     lines = promise_lines(results)
     config = collector.config

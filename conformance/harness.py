@@ -458,7 +458,12 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         check_document(self.launcher.name, doc, the_plan)
         unobserved = self.unobservable
         seen = watch.seen
-        unseen = None if seen is not None else f"no live task seen from the host: {watch.why_not}"
+        unseen = (
+            None
+            if seen is not None
+            else f"no live task seen from the host: {watch.why_not} (a sandbox whose tasks run out of this "
+            "kernel's sight, such as gVisor or a VM, says so with --host-cannot-observe 'WHY')"
+        )
         hs = doc.get("handshake")
         released = hs.get("value") if isinstance(hs, dict) else None
         if seen is not None and released != watch.release_value:
@@ -576,7 +581,7 @@ def _from_task(pids: list[int], seen: observer.Seen | None) -> int:
     the task: nothing to tell them apart by, and no pass is made of that)."""
     if seen is None:
         return len(pids)
-    mine = {seen.pid, *seen.reach.get("pids", ())}
+    mine = {seen.pid, *seen.reached.get("pids", ())}
     return sum(1 for p in pids if p in mine)
 
 

@@ -8,7 +8,9 @@
   `sandbox_conformance.launchers`, called with the task spec (a dict) and returning the argv prefix.
 
 Every launch goes through probes.run.run (timeout, whole process group killed). A missing or
-partial document, a non-zero exit or a timeout is a HarnessError naming the launcher: never a pass."""
+partial document, a non-zero exit or a timeout is a HarnessError naming the launcher: never a pass.
+Exit 75 (EX_TEMPFAIL) is the launcher saying its sandbox cannot run on this host or as this user:
+SandboxUnavailable, which `witness` reports once as "did not run" and exits 75 with (docs/launchers.md)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from probes.exits import EXIT_UNAVAILABLE
 from probes.run import Completed, Runner, run
 
 ENTRY_POINT_GROUP = "sandbox_conformance.launchers"
@@ -31,6 +34,18 @@ DOC_VERSION = 2
 
 class HarnessError(Exception):
     """The suite could not get a complete observation from a task: nothing was witnessed."""
+
+
+class SandboxUnavailable(HarnessError):
+    """The launcher exited 75 (EX_TEMPFAIL, sysexits.h: "try again later", here: elsewhere): its
+    sandbox cannot run on this host or as this user (systemd-nspawn as a user: "Need to be root").
+    Nothing was tested and nothing failed; `reason` is what the launcher said on stderr. A
+    HarnessError still, so whoever catches those (the plugin's fixtures, the controls) never reads it
+    as a pass."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"{name}: did not run: {reason}")
+        self.launcher, self.reason = name, reason
 
 
 class LauncherKind(enum.StrEnum):
@@ -132,6 +147,10 @@ def parse_document(name: str, done: Completed) -> dict[str, Any]:
             if isinstance(candidate, dict) and "version" in candidate:
                 doc = candidate
                 break
+    if done.returncode == EXIT_UNAVAILABLE:
+        raise SandboxUnavailable(
+            name, done.stderr_tail() or "(it said nothing on stderr) the sandbox cannot run here (exit 75)"
+        )
     if done.returncode != 0:
         raise HarnessError(f"{name}: exited {done.returncode}; stderr: {done.stderr_tail() or '(empty)'}")
     if doc is None:

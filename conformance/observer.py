@@ -136,9 +136,11 @@ class Seen(NamedTuple):
     # (st_dev, st_ino) of the directory the task is in: stat(2) follows /proc/PID/cwd into the task's
     # own mount namespace (proc(5)), so this names the host directory whatever path the task sees.
     cwd: tuple[int, int] | str = "error: not read"
-    # What the task holds and reaches, read from the host (see `reach`): descriptors, the secret in
+    # The mounts the task can reach from its own root mount, as it names them (mountinfo.reachable()).
+    reach: tuple[mountinfo.Mount, ...] | str = "error: not read"
+    # What the task holds and reaches, read from the host (see `what_it_reaches`): descriptors, the secret in
     # any process's environment or argv, device nodes, host unix sockets; EMPTY when not asked.
-    reach: Mapping[str, Any] = EMPTY
+    reached: Mapping[str, Any] = EMPTY
 
     @property
     def nspid(self) -> list[int]:
@@ -158,7 +160,8 @@ class Seen(NamedTuple):
             "device_nodes": sorted(self.device_nodes),
             "unreachable": sorted(self.unreachable),
             "cwd": list(self.cwd) if not isinstance(self.cwd, str) else self.cwd,
-            "reach": dict(self.reach),
+            "reach": self.reach if isinstance(self.reach, str) else [m.mount_id for m in self.reach],
+            "reached": dict(self.reached),
         }
 
 
@@ -211,15 +214,19 @@ def read(
     base = proc / str(pid)
     spaces = {ns: _attempt(functools.partial(os.readlink, base / "ns" / ns)) for ns in NAMESPACES}
     mounts = _attempt(lambda: tuple(mountinfo.parse(_read(base / "mountinfo"))))
+    # What the task can reach, from the mount its root really is (not the last one stacked on "/").
+    reach = mounts if isinstance(mounts, str) else _attempt(
+        functools.partial(mountinfo.for_task, mounts, pid, proc)
+    )
     root = base / "root"
     found: list[dict[str, Any]] = []
     nodes: set[str] = set()
-    if not isinstance(mounts, str):
+    if not isinstance(reach, str):
         for p in protected:
             where = mountinfo.locate(host_mounts, p.host_path)
             if where is None:
                 continue
-            for exp in mountinfo.exposures(mounts, where):
+            for exp in mountinfo.exposures(reach, where):
                 # Confirmed through the task's own root: the kernel resolves the alias in the task's
                 # mount namespace (proc(5), /proc/PID/root), and lists what is there.
                 listing = _attempt(functools.partial(_listing, root / exp.path.lstrip("/")))
@@ -231,7 +238,7 @@ def read(
                         "listing": listing,
                     }
                 )
-        for m in mountinfo.on_top(mounts):
+        for m in mountinfo.on_top(reach):
             if not m.read_only and m.storage:
                 with contextlib.suppress(OSError):
                     mode = os.stat(root / m.mount_point.lstrip("/")).st_mode
@@ -239,20 +246,25 @@ def read(
                         nodes.add(m.mount_point)
     status = _attempt(lambda: _status(_read(base / "status")))
     shut: set[str] = set()
-    if not isinstance(mounts, str) and not isinstance(status, str):
+    if not isinstance(reach, str) and not isinstance(status, str):
         uid_map = _attempt(lambda: _read(base / "uid_map"))
         creds = Creds.of(status, uid_map)  # "error: ERRNO" has no 3-field line: no mapped ranges
-        held = held_mounts(base, mounts)
-        for m in mountinfo.on_top(mounts):
+        held = held_mounts(base, reach)
+        for m in mountinfo.on_top(reach):
             writable = not m.read_only and m.storage and m.mount_point not in nodes
             # A mount the task already holds a way into (its cwd, its root, an open descriptor)
             # needs no path search: relative writes reach it whatever the directories above say.
-            if writable and m.mount_id not in held and unreachable(root, m.mount_point, creds):
+            # (One reached only through `..` has no host-side path to search: never excused.)
+            excused = not mountinfo.over_root(m) and unreachable(root, m.mount_point, creds)
+            if writable and m.mount_id not in held and excused:
                 shut.add(m.mount_point)
     cgroup = _attempt(lambda: _read(base / "cgroup"))
     reached: Mapping[str, Any] = EMPTY
     if asked is not None and not isinstance(mounts, str) and not isinstance(status, str):
-        reached = reach(pid, asked, mounts, host_mounts, spaces, host_pidns=host_pidns, proc=proc)
+        visible = mounts if isinstance(reach, str) else reach
+        reached = what_it_reaches(
+            pid, asked, mounts, visible, host_mounts, spaces, host_pidns=host_pidns, proc=proc
+        )
     return Seen(
         pid=pid,
         namespaces=spaces,
@@ -266,7 +278,8 @@ def read(
         unreachable=frozenset(shut),
         cgroup_files=cgroup_files(cgroup, host_mounts),
         cwd=_attempt(lambda: _dev_ino(os.stat(base / "cwd"))),
-        reach=reached,
+        reach=reach,
+        reached=reached,
     )
 
 
@@ -592,8 +605,19 @@ def device_nodes(
     return sorted(found.values(), key=lambda x: str(x["path"]))[:200]
 
 
-def reach(pid: int, asked: Reach, mounts: Sequence[mountinfo.Mount], host_mounts: Sequence[mountinfo.Mount],
-          namespaces: Mapping[str, str], *, host_pidns: str, proc: Path = Path("/proc")) -> dict[str, Any]:
+def what_it_reaches(
+    pid: int,
+    asked: Reach,
+    mounts: Sequence[mountinfo.Mount],
+    visible: Sequence[mountinfo.Mount],
+    host_mounts: Sequence[mountinfo.Mount],
+    namespaces: Mapping[str, str],
+    *,
+    host_pidns: str,
+    proc: Path = Path("/proc"),
+) -> dict[str, Any]:
+    """`mounts`: the task's whole mount namespace (a descriptor on none of them leads out of it);
+    `visible`: the ones it reaches from its own root (where an exposure or a device node is judged)."""
     base, root = proc / str(pid), proc / str(pid) / "root"
     status = _attempt(lambda: _status(_read(base / "status")))
     uid_map = _attempt(lambda: _read(base / "uid_map"))
@@ -609,11 +633,11 @@ def reach(pid: int, asked: Reach, mounts: Sequence[mountinfo.Mount], host_mounts
                     if asked.secret.encode() in (proc / str(p) / what).read_bytes():
                         carriers.append(f"/proc/{p}/{what} (host pid)")
         out["secret_holders"] = carriers
-        out["secret_file"] = exposed([asked.secret_file] if asked.secret_file else [], root, mounts,
+        out["secret_file"] = exposed([asked.secret_file] if asked.secret_file else [], root, visible,
                                      host_mounts, creds)
-    out["sockets"] = [e for e in exposed(asked.sockets, root, mounts, host_mounts, creds) if e["usable"]]
-    out["devices"] = device_nodes(root, mounts, asked.devices)
-    sysfs = mountinfo.serving(mounts, "/proc/sys")
+    out["sockets"] = [e for e in exposed(asked.sockets, root, visible, host_mounts, creds) if e["usable"]]
+    out["devices"] = device_nodes(root, visible, asked.devices)
+    sysfs = mountinfo.serving(visible, "/proc/sys")
     out["proc_sys"] = (
         {"fstype": sysfs.fstype, "mount_point": sysfs.mount_point, "ro": sysfs.read_only} if sysfs else None
     )

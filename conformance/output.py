@@ -170,6 +170,7 @@ class WitnessOutput:
         if self.json_stdout:
             return
         summary = f"{head}: {word} {tail}"
+        rows = render.said_once(rows, problems)
         if self.fmt is Format.markdown:
             out = render.witness_markdown(rows, word=word, summary=summary, problems=problems)
         else:

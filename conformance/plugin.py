@@ -36,7 +36,7 @@ import pytest
 from conformance import profile as profile_mod
 from conformance import settings as settings_mod
 from conformance.harness import WitnessSession
-from conformance.launch import HarnessError, Launcher, external
+from conformance.launch import HarnessError, Launcher, SandboxUnavailable, external
 from conformance.plan import Task
 from conformance.profile import PLACEHOLDERS
 from conformance.settings import REQUIRE_ENV, Settings, read_expected_skips, skip_key
@@ -293,6 +293,9 @@ def pytest_runtest_makereport(
     if call.excinfo is not None and call.excinfo.errisinstance(HarnessError):
         # Left as pytest's "error" (a fixture raised): JUnit <error>, never <failure>.
         _note(item, report, "sbxc_harness_error", str(call.excinfo.value))
+        if call.excinfo.errisinstance(SandboxUnavailable):
+            # The launcher's "not here" (exit 75): the witness command says it once and exits 75.
+            _note(item, report, "sbxc_unavailable", str(call.excinfo.value))
     elif call.excinfo is not None and call.excinfo.errisinstance(AssertionError):
         saw = str(call.excinfo.value)
         _note(item, report, "sbxc_saw", saw.splitlines()[0] if saw else "assertion failed")

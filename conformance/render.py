@@ -95,6 +95,19 @@ def grouped(rows: Iterable[Row]) -> list[Row]:
     return [row for rs in by.values() for row in rs]
 
 
+# What a row says when its witnesses all fell to one failure printed once, below the table (a launch
+# that failed fails every witness of its task the same way). It keeps the "harness error: " head that
+# mrcheck/tiers.py counts by; that count goes to the line below it.
+SAID_BELOW = "harness error: the launch failed (said once, below)"
+
+
+def said_once(rows: Iterable[Row], problems: Sequence[str]) -> list[Row]:
+    """The rows with a detail that is one of `problems` (printed after the table) replaced by
+    SAID_BELOW: one launcher failure is printed once, not on every row and once more."""
+    shown = set(problems)
+    return [(label, verdict, SAID_BELOW if detail in shown else detail) for label, verdict, detail in rows]
+
+
 def lines_text(rows: Iterable[Row], style: Style = PLAIN) -> list[str]:
     return [f"{label}: {style.verdict(verdict)}{': ' + detail if detail else ''}"
             for label, verdict, detail in grouped(rows)]

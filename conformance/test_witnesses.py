@@ -56,7 +56,11 @@ def _seen(task: Task) -> Seen:
             pytest.skip(task.unobserved)
         # Not a harness error: a launcher that prints a document with no live task behind it is the
         # broken (or hostile) sandbox this witness exists for.
-        raise AssertionError(task.unseen or "no live task seen from the host")
+        raise AssertionError(
+            task.unseen
+            or "no live task seen from the host (a sandbox whose tasks run out of this kernel's sight, "
+            "such as gVisor or a VM, says so with --host-cannot-observe 'WHY')"
+        )
     return task.seen
 
 
@@ -69,7 +73,7 @@ def _host_ns(task: Task, name: str) -> str:
 
 
 def _mounts(task: Task) -> tuple[mountinfo.Mount, ...]:
-    mounts = _seen(task).mounts
+    mounts = _seen(task).reach  # from the task's own root mount (mountinfo.reachable())
     assert not isinstance(mounts, str), f"cannot tell the task's mount table: the host's read gave {mounts}"
     return mounts
 
@@ -847,7 +851,7 @@ def test_the_task_dies_with_its_launcher(sbxc_task: Task, sbxc_session: WitnessS
 
 
 def _reach(task: Task) -> dict[str, Any]:
-    reached = dict(_seen(task).reach)
+    reached = dict(_seen(task).reached)
     assert reached, "the host did not read what the task holds (no reach reading)"
     return reached
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TypedDict
 
+from conformance.render import SAID_BELOW
 from mrcheck.config import Tier, TierKind
 from probes import cancel, owner
 from probes.exits import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
@@ -194,12 +195,16 @@ def failure_lines(lines: Iterable[str]) -> tuple[str, ...]:
     harness: dict[str, int] = {}
     broken: dict[str, None] = {}
     summary = None
+    below = 0  # rows that point to the failure printed once after the table (render.SAID_BELOW)
     for line in lines:
         if line.startswith("witness: ") and " BROKEN, " in line:
             summary = line
+        elif line.endswith(SAID_BELOW):
+            below += 1
         elif (i := line.find(HARNESS)) != -1:
             text = line[i:]
-            harness[text] = harness.get(text, 0) + (1 if i > 0 else 0)
+            harness[text] = harness.get(text, 0) + (1 if i > 0 else below)
+            below = 0
         elif _BROKEN.search(line):
             broken[line] = None
     out = [h + (f" ({n} promise{'s' if n != 1 else ''} not tested because of it)" if n else "")

@@ -1,13 +1,17 @@
 """proc(5) mountinfo, parsed whole, and the question a mount table answers: which mount serves a path,
 and where a filesystem's subtree is visible. Pure functions of the text: the caller reads
 /proc/self/mountinfo (the host) or /proc/PID/mountinfo (a live task, read FROM the host, so the
-kernel's table and not whatever the sandbox shows the task)."""
+kernel's table and not whatever the sandbox shows the task). One function reads: root_mount_id(),
+which mount a live task's root directory is (a table cannot say, see reachable())."""
 
 from __future__ import annotations
 
+import errno
+import os
 import posixpath
 import re
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 # Filesystems that hold no host data a write could land in: each is an instance of kernel state, not
@@ -210,3 +214,109 @@ def exposures(mounts: Sequence[Mount], what: Location) -> list[Exposure]:
 
 def devices(mounts: Iterable[Mount]) -> frozenset[str]:
     return frozenset(m.dev for m in mounts)
+
+
+# ---- the task's own tree: from the mount its root directory is -----------------------------------------
+
+# How the task names a mount stacked on top of its root directory: through `..`. A path that starts
+# at "/" begins at the task's root mount and never crosses a mount stacked on that directory
+# (path_init() sets the walk at fs->root, fs/namei.c). But `..` that arrives at the root directory
+# (`/..`, `/usr/..`) ends in step_into(), whose handle_mounts() crosses every mount on that dentry
+# (follow_dotdot()'s in_root case returns the root dentry itself, fs/namei.c): the stack on the root
+# serves every path written through it. Seen on Linux 6.18 with firejail 0.9.72 as root (its
+# `--read-only=/` bind stacked over the root, its remount hitting the root mount beneath): `echo >
+# /x` gave EROFS, `echo > /../x` wrote /x on the host.
+OVER_ROOT = "/.."
+
+
+def root_mount_id(pid: int | str, proc: Path | str = "/proc") -> int:
+    """The id of the mount that is process `pid`'s root directory (its fs->root), as mountinfo numbers
+    mounts. Opening /proc/PID/root jumps to that path itself (proc_root_link(), fs/proc/base.c; a
+    trailing magic link is a LAST_BIND jump after which no mount is crossed, fs/namei.c), so a mount
+    stacked on the root is not followed; the O_PATH descriptor's fdinfo names its mount (`mnt_id`,
+    proc(5), Linux 3.15). Needs ptrace read access to the process, as /proc/PID/root does."""
+    fd = os.open(f"{proc}/{pid}/root", os.O_PATH | os.O_CLOEXEC)
+    try:
+        with open(f"{proc}/self/fdinfo/{fd}") as f:
+            text = f.read()
+    finally:
+        os.close(fd)
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key == "mnt_id":
+            return int(value)
+    raise OSError(errno.ENOTSUP, f"no mnt_id in {proc}/self/fdinfo (a kernel before 3.15)")
+
+
+def reachable(mounts: Sequence[Mount], root_id: int) -> tuple[Mount, ...]:
+    """The mounts a task whose root directory is mount `root_id` can reach by a path, each once, in
+    table order, as the task names them. A path walk goes down from the root mount: at a mount point
+    it crosses to the LAST mount of the stack there (each one mounted on the one beneath, so its
+    child), and a mount whose mount point lies in a directory another mount covers is hidden, with
+    everything beneath it. What is stacked on the root directory itself is not what "/" names: it
+    is reached through `..` only (OVER_ROOT), so it and its mounts come back with their mount point
+    written that way ("/..", "/../usr"), which no path the profile names lies under.
+
+    Unlike on_top(), which must guess the root (the last mount stacked at "/"), this starts from the
+    root the kernel holds for the task (root_mount_id()). A root that is not in the table (a task
+    chrooted into a directory of it: mountinfo lists only mounts at or under the task's root,
+    show_mountinfo() in fs/proc_namespace.c) is walked all the same, from its children."""
+    order = {m.mount_id: i for i, m in enumerate(mounts)}
+    kids: dict[int, list[Mount]] = {}
+    for m in mounts:
+        if m.parent_id != m.mount_id:
+            kids.setdefault(m.parent_id, []).append(m)
+    root = next((m for m in mounts if m.mount_id == root_id), None)
+    root_point = root.mount_point if root is not None else "/"
+    out: dict[int, Mount] = {}
+
+    def top(m: Mount) -> Mount:
+        for _ in range(256):  # a stack is a chain of children at one mount point
+            above = [c for c in kids.get(m.mount_id, ()) if c.mount_point == m.mount_point]
+            if not above:
+                break
+            m = above[-1]
+        return m
+
+    def walk(m: Mount, over_root: bool, depth: int = 0) -> None:
+        if m.mount_id in out or depth > 256:
+            return
+        out[m.mount_id] = _over_root(m) if over_root else m
+        children = [c for c in kids.get(m.mount_id, ()) if c.mount_point != m.mount_point]
+        for c in children:
+            shadowed = any(
+                o is not c
+                and (
+                    (o.mount_point != c.mount_point and under(c.mount_point, o.mount_point))
+                    or (o.mount_point == c.mount_point and order[o.mount_id] > order[c.mount_id])
+                )
+                for o in children
+            )
+            if not shadowed:
+                walk(top(c), over_root, depth + 1)
+
+    if root is not None:
+        walk(root, False)
+    else:
+        for c in kids.get(root_id, ()):
+            if c.mount_point != root_point:
+                walk(top(c), False)
+    stacked = [c for c in kids.get(root_id, ()) if c.mount_point == root_point]
+    if stacked:
+        walk(top(stacked[-1]), True)
+    return tuple(sorted(out.values(), key=lambda m: order[m.mount_id]))
+
+
+def _over_root(m: Mount) -> Mount:
+    return m._replace(mount_point=OVER_ROOT + (m.mount_point if m.mount_point != "/" else ""))
+
+
+def for_task(mounts: Sequence[Mount], pid: int | str, proc: Path | str = "/proc") -> tuple[Mount, ...]:
+    """reachable() from the live task's own root mount; OSError when that cannot be read."""
+    return reachable(mounts, root_mount_id(pid, proc))
+
+
+def over_root(m: Mount) -> bool:
+    """`m` is reached only through `..` (reachable()): no host-side path through /proc/PID/root names
+    it, since that `..` is walked from the harness's root, not the task's."""
+    return m.mount_point == OVER_ROOT or m.mount_point.startswith(OVER_ROOT + "/")

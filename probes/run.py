@@ -64,8 +64,13 @@ class Runner(Protocol):
 
 
 def minimal_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ}
-    env.setdefault("PATH", DEFAULT_PATH)
+    """The environment every child starts from: the caller's locale and terminal settings, and
+    DEFAULT_PATH, never the caller's PATH (a pyenv shim first on it became a task's `python3`, and
+    added PYENV_* to its environment: issue 29). `extra` is set last, so a caller that means another
+    PATH says so (`--launcher-env PATH=...`). Every caller runs a tool from the standard directories
+    or names it by its path (sys.executable, the bwrap the probe resolved)."""
+    env = {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ and k != "PATH"}
+    env["PATH"] = DEFAULT_PATH
     env.update(extra or {})
     return env
 

@@ -156,3 +156,62 @@ def test_the_witness_process_uses_the_findings_run_handed_down(tmp_path: Path) -
     )
     done = witness("--junitxml", str(tmp_path / "j.xml"), env={handover_mod.FINDINGS_ENV: raw})
     assert "sbxc-handed-down-marker" in done.stdout, done.stdout
+
+
+def test_a_launcher_exiting_75_is_one_did_not_run_with_its_reason_and_exit_75(tmp_path: Path) -> None:
+    # systemd-nspawn as a user: the sandbox cannot run here, which is no failure of it (issue 29).
+    launcher = tmp_path / "not-here"
+    launcher.write_text("#!/bin/sh\necho 'systemd-nspawn: Need to be root.' >&2\nexit 75\n")
+    launcher.chmod(0o755)
+    done = witness("--launcher", str(launcher), "--junitxml", str(tmp_path / "j.xml"))
+    assert done.returncode == 75, done.stdout + done.stderr
+    assert done.stderr.count("Need to be root.") == 1, done.stderr
+    assert "did not run" in done.stderr, done.stderr
+    assert "harness error" not in done.stdout + done.stderr and "BROKEN" not in done.stdout, done.stdout
+    assert not re.search(r"^\S.*: (kept|not tested)", done.stdout, re.M), done.stdout
+
+
+def test_exit_75_is_sandbox_unavailable_and_any_other_exit_a_harness_error() -> None:
+    from conformance.launch import HarnessError, SandboxUnavailable, parse_document
+    from probes.run import Completed
+
+    def done(code: int) -> Completed:
+        return Completed(argv=("x",), returncode=code, stdout="", stderr="needs a VM\n", seconds=0.1)
+
+    with pytest.raises(SandboxUnavailable) as unavailable:
+        parse_document("launcher 'x'", done(75))
+    assert unavailable.value.reason == "needs a VM"
+    with pytest.raises(HarnessError) as other:
+        parse_document("launcher 'x'", done(1))
+    assert not isinstance(other.value, SandboxUnavailable) and "exited 1" in str(other.value)
+
+
+def test_no_live_task_seen_names_host_cannot_observe_as_the_way_on(tmp_path: Path) -> None:
+    # The task renamed on its way in: the host finds no process with the launch's tag, as it finds
+    # none for gVisor's or a VM's tasks. The verdict must say how such a sandbox is tested.
+    launcher = tmp_path / "renaming"
+    launcher.write_text('#!/bin/sh\nsed \'s/"tag": "sbxc/"tag": "hide/\' | exec "$@"\n')
+    launcher.chmod(0o755)
+    profile = tmp_path / "p.toml"
+    profile.write_text('[profile]\nname = "pid-only"\n[namespaces]\npid = "private"\n')
+    report = tmp_path / "r.json"
+    witness("--profile", str(profile), "--launcher", str(launcher), "--timeout", "6", "--json", str(report))
+    [pid] = [p for p in json.loads(report.read_text())["promises"] if p["promise"] == "pid"]
+    assert pid["verdict"] == "BROKEN", pid
+    assert "no live task seen from the host" in pid["detail"], pid
+    assert "--host-cannot-observe 'WHY'" in pid["detail"], pid
+
+
+def test_a_launcher_gets_a_fixed_path_never_the_callers_unless_given_one(tmp_path: Path) -> None:
+    # The caller's PATH starts with a shim directory (pyenv's): it must not become the launcher's.
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    seen = tmp_path / "path.txt"
+    launcher = _recording_launcher(tmp_path, f'printf %s "$PATH" > {seen}')
+    caller = {"PATH": f"{shims}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    witness("--launcher", str(launcher), "--junitxml", str(tmp_path / "j.xml"), env=caller)
+    assert seen.read_text() == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    given = "/opt/mine/bin:/usr/bin:/bin"
+    witness("--launcher", str(launcher), "--launcher-env", f"PATH={given}", "--junitxml",
+            str(tmp_path / "j.xml"), env=caller)
+    assert seen.read_text() == given

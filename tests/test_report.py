@@ -427,3 +427,32 @@ def test_old_logs_are_pruned_to_the_newest(tmp_path: Path) -> None:
     output.prune(tmp_path)
     left = sorted(p.name for p in tmp_path.iterdir())
     assert len(left) == output.KEEP and left[0] == "witness-005.log"
+
+
+# ---- one launcher failure, printed once (issue 29) ---------------------------------------------------
+
+BOOM = "harness error: launcher 'x': exited 1; stderr: boom"
+
+
+@pytest.mark.parametrize("fmt", [Format.lines, Format.table, Format.markdown])
+def test_one_launch_failure_is_printed_once_whatever_the_format(fmt: Format) -> None:
+    rows = [("network", "not tested", BOOM), ("pid", "not tested", BOOM), ("uts", "kept", "")]
+    stdout = io.StringIO()
+    out = output.WitnessOutput(fmt, Style(), False, None, False, False, stdout, io.StringIO())
+    out.report(rows, problems=[BOOM], head="witness: 1 kept", word="FAIL", tail="[3 witnesses]")
+    text = stdout.getvalue()
+    assert text.count("stderr: boom") == 1, text
+    assert text.count("said once, below") == 2, text
+
+
+def test_a_row_that_failed_otherwise_keeps_its_own_detail() -> None:
+    rows = [("pid", "not tested", "harness error: the second launch: exited 3"), ("uts", "BROKEN", "x")]
+    assert render.said_once(rows, [BOOM]) == rows
+
+
+def test_mr_check_counts_the_rows_that_point_to_the_failure_said_once() -> None:
+    from mrcheck.tiers import failure_lines
+
+    lines = [f"network: not tested: {render.SAID_BELOW}", f"pid: not tested: {render.SAID_BELOW}", BOOM,
+             "witness: 0 kept, 0 BROKEN, 2 not tested (profile p, launcher 'x'): FAIL"]
+    assert failure_lines(lines)[0] == f"{BOOM} (2 promises not tested because of it)"

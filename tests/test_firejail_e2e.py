@@ -1,0 +1,62 @@
+"""firejail end to end, through a launcher and a profile written from docs/launchers.md (issue 29).
+
+firejail 0.9.72's `--read-only=/`, run as root, leaves a read-write rbind of / stacked on the task's
+root directory and remounts the root mount beneath it read-only (fs_rdonly() binds "/" on "/", then
+remounts "/", which names the task's root mount, not the bind on it: a path walk starts at fs->root
+and crosses no mount stacked there, fs/namei.c path_init()). So:
+- paths from "/" end in the read-only tree: the mask on {state}/db, {state} read-only, are KEPT;
+  reading the mount table from the top of the stack at "/" called them BROKEN;
+- but `..` arriving at the root directory crosses into the stack (follow_dotdot() + step_into()),
+  so `/../{state}/db` shows the host's canary and `/../x` writes the host's /x: the aliases and
+  write-surface witnesses are BROKEN, naming the mount at `/..`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from witness_cli import witness
+
+REPO = Path(__file__).resolve().parent.parent
+LAUNCHER = REPO / "tests" / "fixtures" / "firejail-launcher.sh"
+PROFILE = REPO / "tests" / "fixtures" / "firejail.toml"
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def firejail() -> str:
+    path = shutil.which("firejail")
+    if path is None:
+        pytest.skip("no firejail on PATH (apt-get install firejail; scripts/test-tier-deps installs it)")
+    version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
+    if "0.9.72" not in version.splitlines()[0]:
+        pytest.skip(f"firejail {version.splitlines()[0]!r}: the stacked-root shape is pinned for 0.9.72")
+    return path
+
+
+def test_firejail_read_only_root_is_judged_from_the_tasks_own_root_mount(
+    root_only: None, firejail: str, tmp_path: Path
+) -> None:
+    report = tmp_path / "r.json"
+    done = witness(
+        "--profile", str(PROFILE),
+        "--launcher", f"{LAUNCHER} {{workdir}} {{user_tmp}} {{state}} --",
+        "--json", str(report),
+        timeout=180,
+    )
+    assert report.exists(), f"exit {done.returncode}: {done.stdout}{done.stderr[-2000:]}"
+    promises = {p["promise"]: (p["verdict"], p["detail"]) for p in json.loads(report.read_text())["promises"]}
+    # Judged from the task's own root (the read-only one): kept. Before, BROKEN from the stack on it.
+    for kept in ("masked {state}/db", "read_only {state}", "read_only /usr", "writable {workdir}", "workdir"):
+        assert promises[kept][0] == "kept", (kept, promises[kept], done.stdout)
+    # And the stack on the root is no false alarm: `..` reaches it, with the host's canary and its /.
+    verdict, detail = promises["aliases"]
+    assert verdict == "BROKEN" and "/../" in detail and "canary" in detail, (verdict, detail)
+    verdict, detail = promises["write_surface"]
+    [host_root] = [ln.split(" - ")[1].split()[0] for ln in Path("/proc/1/mountinfo").read_text().splitlines()
+                   if ln.split()[4] == "/"][-1:]
+    assert verdict == "BROKEN" and f"'{host_root} " in detail and " at /..'" in detail, (verdict, detail)
+    assert done.returncode == 1, done.stdout
