@@ -123,7 +123,9 @@ def test_a_promise_not_made_is_not_in_the_profiles_promises(tmp_path: Path) -> N
         _write(tmp_path, '[profile]\nname = "t"\n[network]\nmode = "host"\n[process]\nno_new_privs = true\n')
     )
     # Every profile is held to the host-side promises unless it opts out of the write surface.
-    assert prof.promises() == ("write_surface", "kernel_view", "leftovers", "no_new_privs", *P.DEFAULT_PROMISES)
+    assert prof.promises() == (
+        "write_surface", "kernel_view", "leftovers", "no_new_privs", *P.DEFAULT_PROMISES
+    )
 
 
 def test_placeholders_expand_against_the_layout() -> None:
