@@ -81,7 +81,9 @@ def test_the_reference_bundle_derives_the_full_set_of_promises() -> None:
         "capabilities",
         "no_new_privs",
         "environment",
+        *profile.DEFAULT_PROMISES,
     }
+    assert "promises" not in doc, "the bundle disclaims nothing"
     assert doc["filesystem"]["absent"] == ["{neighbour_control}", "{other_user}"]
     assert doc["environment"]["allow"] == ["PATH", "HOME", "LANG", "TASK_ID"]
 
@@ -157,6 +159,33 @@ def test_one_change_to_the_bundle_changes_one_derived_promise(
 def test_the_profile_writer_round_trips_through_tomllib() -> None:
     doc = derived()
     assert tomllib.loads(oci.profile_toml(doc, "# header\n")) == doc
+    open_proc = derived(lambda c: c["linux"].pop("readonlyPaths"))
+    assert tomllib.loads(oci.profile_toml(open_proc)) == open_proc
+
+
+@pytest.mark.parametrize(
+    ("mutate", "why"),
+    [
+        (lambda c: c["linux"].pop("readonlyPaths"), "/proc/sys and /proc/sysrq-trigger not in"),
+        (
+            lambda c: c["linux"].update(readonlyPaths=["/proc/sys"]),
+            "with /proc/sysrq-trigger not in linux.readonlyPaths",
+        ),
+        (
+            lambda c: c["mounts"].append({"destination": "/sys", "type": "sysfs", "source": "sysfs"}),
+            "sysfs read-write",
+        ),
+    ],
+    ids=["no-readonly-paths", "sysrq-open", "sysfs-rw"],
+)
+def test_a_bundle_that_leaves_kernel_settings_writable_derives_no_kernel_interfaces_promise(
+    mutate: Any, why: str
+) -> None:
+    # runc spec's readonlyPaths are what keep it: without them crun as root opened core_pattern.
+    before, after = derived(), derived(mutate)
+    assert why in after["promises"]["not_claimed"]["kernel_interfaces"]
+    assert "kernel_interfaces" not in profile.parse(after, "<derived>").promises()
+    assert {k: v for k, v in after.items() if k != "promises"} == before
 
 
 def test_rendering_expands_every_placeholder_and_sets_the_task_argv() -> None:

@@ -35,7 +35,17 @@ from pathlib import Path
 from typing import Any
 
 from conformance.adapters import Unavailable
-from conformance.adapters.srt import EX_USAGE, SYSTEM_PATH, installed, npm_prefix, pinned, read_spec, run
+from conformance.adapters.srt import (
+    EX_USAGE,
+    SYSTEM_PATH,
+    installed,
+    launcher_dir_entries,
+    npm_prefix,
+    pinned,
+    read_spec,
+    run,
+    tool_env,
+)
 
 PACKAGE = "@openai/codex"
 VERSION = "0.171.0"  # pinned: codex.toml describes what this version does
@@ -82,8 +92,9 @@ def _toml(value: Any) -> str:
     return json.dumps(value)
 
 
-def filesystem(spec: Mapping[str, Any]) -> dict[str, str]:
-    """The permissions profile's filesystem table for this task (PURE)."""
+def filesystem(spec: Mapping[str, Any], launcher_dir: Sequence[str] = ()) -> dict[str, str]:
+    """The permissions profile's filesystem table for this task (PURE). `launcher_dir`: the entries of
+    the launcher's own directory, "none" as well (srt.launcher_dir_entries: its .env, its sockets)."""
     return {
         ":root": "read",
         spec["workdir"]: "write",
@@ -91,16 +102,17 @@ def filesystem(spec: Mapping[str, Any]) -> dict[str, str]:
         f"{spec['state']}/db": "none",
         spec["neighbour_control"]: "none",
         spec["other_user"]: "none",
+        **{p: "none" for p in launcher_dir},
     }
 
 
-def overrides(spec: Mapping[str, Any]) -> list[str]:
+def overrides(spec: Mapping[str, Any], launcher_dir: Sequence[str] = ()) -> list[str]:
     """`codex sandbox` arguments that select the per-task permissions profile (PURE)."""
     return [
         "-c",
         f"default_permissions={_toml(PROFILE)}",
         "-c",
-        f"permissions.{PROFILE}.filesystem={_toml(filesystem(spec))}",
+        f"permissions.{PROFILE}.filesystem={_toml(filesystem(spec, launcher_dir))}",
     ]
 
 
@@ -123,8 +135,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (Unavailable, ValueError, OSError) as e:
         print(f"codex adapter: {e}", file=sys.stderr)
         return EX_USAGE
-    env = dict(os.environ, CODEX_HOME=str(home), HOME=spec["workdir"])
-    return run([exe, str(js), "sandbox", *overrides(spec), "--", *cmd], env=env, cwd=spec["workdir"])
+    # Codex passes its environment to the command (and its helper, PID 1 inside, keeps it): the tool
+    # gets the allowlisted names only, so the launcher's secrets stay with the launcher.
+    env = tool_env(os.environ, CODEX_HOME=str(home), HOME=spec["workdir"])
+    here = os.getcwd()
+    own_dir = launcher_dir_entries(spec, here, os.listdir(here))
+    return run([exe, str(js), "sandbox", *overrides(spec, own_dir), "--", *cmd], env=env, cwd=spec["workdir"])
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ The sandbox: a read-only root (an empty directory with /bin, /lib... symlinks in
 usrmerged Debian host), the host's /usr bound read-only, the state tree bound read-only with its
 database masked (linux.maskedPaths), an empty tmpfs over {state}/users that hides every other task
 and user, then the task's own control dir (ro), workdir and per-user temp (rw) bound back on top;
-new pid, ipc, uts, mount and network namespaces; no capabilities in any set; noNewPrivileges; and
-a seccomp filter that refuses CLONE_NEWUSER (as Docker's default profile does).
+new pid, ipc, uts, mount and network namespaces; no capabilities in any set; noNewPrivileges; a
+seccomp filter that refuses CLONE_NEWUSER (as Docker's default profile does); and `runc spec`'s own
+readonlyPaths and maskedPaths (/proc/sys read-only, /proc/kcore masked...).
 
 Cgroups: this project never writes to a cgroup tree it was not delegated. runc as real root always
 creates `<hierarchy>/<container id>` in every host hierarchy (libcontainer/cgroups/fs), so runc is
@@ -76,6 +77,25 @@ def _seccomp() -> dict[str, Any]:
     }
 
 
+# What `runc spec` writes into every bundle (runc 1.1 libcontainer/specconv/example.go; Docker and
+# containerd's defaults are the same lists): the kernel's host-wide settings under /proc read-only,
+# and the /proc and /sys files that show the host's memory, keys and timers masked. Without
+# readonlyPaths a root container opens /proc/sys/kernel/core_pattern for writing (kernel_interfaces).
+RUNTIME_MASKED = (
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/sys/firmware",
+    "/proc/scsi",
+)
+RUNTIME_READONLY = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
+
+
 def template(*, bind_state: bool = True) -> dict[str, Any]:
     """config.json with placeholders. `bind_state=False` is for the runtime-tools comparison: the
     config still masks {state}/db, but that path then does not exist in the container at all."""
@@ -128,7 +148,8 @@ def template(*, bind_state: bool = True) -> dict[str, Any]:
         "mounts": mounts,
         "linux": {
             "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "network")],
-            "maskedPaths": ["{state}/db"],
+            "maskedPaths": ["{state}/db", *RUNTIME_MASKED],
+            "readonlyPaths": list(RUNTIME_READONLY),
             "seccomp": _seccomp(),
         },
     }
@@ -168,6 +189,21 @@ def _seccomp_refuses_newuser(config: Mapping[str, Any]) -> bool:
         )
 
     return refused("unshare") and refused("clone")
+
+
+def _kernel_settings_writable(config: Mapping[str, Any]) -> str | None:
+    """Why the bundle leaves the host's kernel settings open for writing, or None. A container's /proc
+    is a procfs of its own pid namespace, but /proc/sys and /proc/sysrq-trigger in it are the host's
+    (only a few net and ipc sysctls are per namespace): as root they take writes unless
+    linux.readonlyPaths (or maskedPaths) covers them; a sysfs mount must be read-only likewise."""
+    covered = {*config["linux"].get("readonlyPaths", []), *config["linux"].get("maskedPaths", [])}
+    if any(m["type"] == "proc" for m in config["mounts"]):
+        open_ = [p for p in ("/proc/sys", "/proc/sysrq-trigger") if p not in covered]
+        if open_:
+            return f"the bundle mounts /proc with {' and '.join(open_)} not in linux.readonlyPaths"
+    if any(m["type"] == "sysfs" and "ro" not in m.get("options", []) for m in config["mounts"]):
+        return "the bundle mounts sysfs read-write"
+    return None
 
 
 def derive_profile(config: Mapping[str, Any], *, name: str = "oci") -> dict[str, Any]:
@@ -225,6 +261,12 @@ def derive_profile(config: Mapping[str, Any], *, name: str = "oci") -> dict[str,
         doc["task"]["user_tmp"] = "{user_tmp}"
     if config.get("hostname") and _has_ns(config, "uts"):
         doc["namespaces"]["hostname"] = config["hostname"]
+    # The default promises (descriptors, secrets, devices, host sockets) follow from a bundle that binds
+    # only its own paths, lists its environment and gives the runtime's /dev; the host's kernel settings
+    # depend on the bundle's readonlyPaths.
+    why = _kernel_settings_writable(config)
+    if why:
+        doc["promises"] = {"not_claimed": {"kernel_interfaces": why}}
     return doc
 
 
@@ -239,6 +281,8 @@ def profile_toml(doc: Mapping[str, Any], header: str = "") -> str:
             return json.dumps(v)  # a JSON string is a valid TOML basic string for these characters
         if isinstance(v, list):
             return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, Mapping):  # an inline table, keyed by bare words ([promises] not_claimed)
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
         raise TypeError(f"cannot write {v!r} as TOML here")
 
     lines = [header.rstrip("\n")] if header else []
@@ -260,6 +304,11 @@ PROFILE_HEADER = """\
 #   /proc, /dev...  the runtime's own mounts are not host paths; no promise about them here
 # Not claimed by the bundle, so not promised: a memory or pids limit (no linux.resources: this
 # project writes no cgroup it was not delegated), PID 1's name (it is the task itself).
+# The default promises (descriptors, secrets, kernel_interfaces, devices, host_sockets) are all kept:
+# kernel_interfaces by runc's own default linux.readonlyPaths (/proc/sys, /proc/sysrq-trigger...),
+# which the bundle sets; without them crun as root opened /proc/sys/kernel/core_pattern for writing.
+# The devices witness reports BROKEN all the same: maskedPaths binds /dev/null (char 1:3) over
+# /proc/keys and /proc/timer_list, and it allows a node by its path (tests/witness_cli.py).
 """
 
 

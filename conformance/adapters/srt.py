@@ -43,6 +43,7 @@ from conformance.adapters import Unavailable
 from probes import owner
 
 # Shared with conformance/adapters/codex.py, the other npm-installed agent sandbox: installed, npm_prefix,
+# tool_env, launcher_dir_entries,
 # pinned, read_spec, run.
 
 SPEC_ENV = "SANDBOX_CONFORMANCE_TASK_SPEC"  # conformance.launch.SPEC_ENV (not imported: keep this light)
@@ -122,14 +123,50 @@ def allowed_domains(network: Mapping[str, Any] | None) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+# What the tool (and through it, the task) gets of the launcher's environment: srt passes its whole
+# environment to the command, and bwrap's own PID 1 keeps it too, so a secret the launcher holds (an
+# API key) would be readable in every process of the sandbox (/proc/PID/environ). HOME and TMPDIR are
+# set by the adapter.
+TOOL_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
+
+
+def tool_env(env: Mapping[str, str], **fixed: str) -> dict[str, str]:
+    """The tool's environment: the allowlisted names of `env`, then `fixed` (PURE)."""
+    out = {k: env[k] for k in TOOL_ENV if k in env}
+    out.setdefault("PATH", SYSTEM_PATH)
+    return {**out, **fixed}
+
+
+def launcher_dir_entries(spec: Mapping[str, Any], launcher_dir: str, names: Sequence[str]) -> list[str]:
+    """What of the launcher's own directory to deny the task (PURE): each of its entries (`names`) but
+    the one that leads to the task's state. That is where a platform keeps its .env and its daemon's
+    socket (the witness's layout root: .env, run/agentd.sock). Nothing when the launcher runs in `/` or
+    inside the task's own trees. Entry by entry, not the directory with the state read back: srt then
+    cannot make its mount points for the mandatory denies in the workdir (bwrap: "Can't create file
+    at .../work/.gitconfig: Read-only file system", srt 0.0.83)."""
+    here = Path(launcher_dir)
+    if here == Path("/") or any(here.is_relative_to(spec[k]) for k in ("state", "workdir")):
+        return []
+    state = Path(spec["state"])
+    keep = state.relative_to(here).parts[0] if state.is_relative_to(here) else None
+    return [str(here / n) for n in sorted(names) if n != keep]
+
+
 def settings(
-    spec: Mapping[str, Any], network: Mapping[str, Any] | None, found: Mapping[str, str]
+    spec: Mapping[str, Any],
+    network: Mapping[str, Any] | None,
+    found: Mapping[str, str],
+    launcher_dir: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """srt's settings file for this task (PURE)."""
+    """srt's settings file for this task (PURE). `launcher_dir`: the entries of the launcher's own
+    directory to deny as well (launcher_dir_entries). No setting makes /proc/sys read-only: srt emits
+    every deny bind first and bwrap's --proc last (dist/sandbox/linux-sandbox-utils.js), so a
+    denyWrite of /proc/sys lies under the fresh procfs (srt.toml: kernel_interfaces not claimed)."""
+    deny = [*launcher_dir, f"{spec['state']}/db", spec["neighbour_control"], spec["other_user"]]
     return {
         "network": {"allowedDomains": allowed_domains(network), "deniedDomains": []},
         "filesystem": {
-            "denyRead": [f"{spec['state']}/db", spec["neighbour_control"], spec["other_user"]],
+            "denyRead": deny,
             "allowRead": [],
             "allowWrite": [spec["workdir"], spec["user_tmp"]],
             "denyWrite": [],
@@ -182,8 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     own = Path(tempfile.mkdtemp(prefix=f"{OWN_PREFIX}{owner.stamp()}-"))
     try:
         settings_file = own / "settings.json"
-        settings_file.write_text(json.dumps(settings(spec, network, found), indent=2))
-        env = dict(os.environ, TMPDIR=str(own), HOME=spec["workdir"])
+        here = os.getcwd()
+        own_dir = launcher_dir_entries(spec, here, os.listdir(here))
+        settings_file.write_text(json.dumps(settings(spec, network, found, own_dir), indent=2))
+        env = tool_env(os.environ, TMPDIR=str(own), HOME=spec["workdir"])
         return run(
             [found["node"], str(js), "--settings", str(settings_file), "--", *cmd],
             env=env,
