@@ -760,7 +760,10 @@ def device_trials(allowed: "Mapping[str, Any]", extra: "Sequence[str]") -> "list
         entry: dict[str, object] = {"path": path, "rdev": _rdev(st), "kind": _kind(st.st_mode)}
         want = allowed.get(path)
         pts = path.startswith("/dev/pts/") and 136 <= os.major(st.st_rdev) <= 143
-        if pts or (want is not None and (want == "*" or want == entry["rdev"])):
+        # An allowlisted device wherever it is: OCI's maskedPaths binds /dev/null over a file
+        # (/proc/kcore, /proc/keys), and /dev/null under another name is still only /dev/null.
+        harmless = entry["rdev"] in allowed.values()
+        if pts or harmless or (want is not None and (want == "*" or want == entry["rdev"])):
             entry["allowed"] = True
             out.append(entry)
             continue
@@ -797,13 +800,19 @@ def unix_trials(paths: "Sequence[str]", roots: "Sequence[str]") -> "list[dict[st
             found.append(p)
     out: list[dict[str, object]] = []
     for path in found[:200]:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError as e:
+            # No unix socket at all (srt's seccomp filter refuses socket(AF_UNIX)): refused, by the
+            # first step, which says more than any connect could.
+            out.append({"path": path, "ok": False, "errno": errname(e), "stage": "socket"})
+            continue
         s.settimeout(0.5)
         try:
             _connect_long(s, path)
         except OSError as e:
             if e.errno == errno.EPROTOTYPE:  # a datagram socket: try it as one
-                out.append(dict(attempt(functools.partial(_dgram, path)), path=path, type="dgram"))
+                out.append(dict(_dgram(path), path=path, type="dgram"))
             else:
                 out.append({"path": path, "ok": False, "errno": errname(e)})
             continue
@@ -813,10 +822,24 @@ def unix_trials(paths: "Sequence[str]", roots: "Sequence[str]") -> "list[dict[st
     return out
 
 
-def _dgram(path: str) -> None:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+def _dgram(path: str) -> "dict[str, object]":
+    # connect(2), then, where that is refused, an empty sendmsg(2) to the path: a filter that refuses
+    # connect and sendto but not sendmsg (the Codex CLI's seccomp, measured) still lets a datagram out.
     try:
-        _connect_long(s, path)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    except OSError as e:
+        return {"ok": False, "errno": errname(e), "stage": "socket"}
+    try:
+        try:
+            _connect_long(s, path)
+            return {"ok": True, "errno": None, "via": "connect"}
+        except OSError as e:
+            refused = errname(e)
+        try:
+            s.sendmsg([b""], [], 0, path)
+        except OSError as e:
+            return {"ok": False, "errno": refused, "sendmsg": errname(e)}
+        return {"ok": True, "errno": None, "via": "sendmsg"}
     finally:
         s.close()
 

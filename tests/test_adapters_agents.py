@@ -221,28 +221,19 @@ def unsearchable(path: str, user: str) -> bool:
 # SIGSYS, io_uring_setup EPERM: probed through the launcher), so no unix socket can be connected. The
 # witness program opens its socket before its try (conformance/inside.py unix_trials), so the refusal
 # reaches the witness as "could not try", a BROKEN verdict on a promise srt keeps.
-SRT_UNIX_REFUSED = (
-    "the task could not try unix_sockets: "
-    "{'error': 'PermissionError: [Errno 1] Operation not permitted', 'errno': 'EPERM'}"
-)
-
-
 def broken(report: dict, as_user: str | None) -> dict[str, str]:
-    """The promises not kept. Two allowances. One for a tool that binds the host's `/` read-only in a
+    """The promises not kept. One allowance, for a tool that binds the host's `/` read-only in a
     user namespace (srt and codex both): bwrap cannot remount a submount its caller cannot reach, and
     leaves it read-write ("that should be safe to ignore because its not something the user can
     access", bubblewrap.c bind_mount). A host that has such mounts (another tier's dockerd data root
     under a 0700 directory) shows them in the task's mount table; write_surface names them. Allowed
-    only when every one it names lies beneath a directory the task's user cannot search. The other
-    for srt's host_sockets, exactly as SRT_UNIX_REFUSED says (a false verdict, not a kept promise)."""
+    only when every one it names lies beneath a directory the task's user cannot search."""
     out = {p["promise"]: p["detail"] for p in report["promises"] if p["verdict"] != "kept"}
     detail = out.get("write_surface", "")
     if as_user and detail:
         points = re.findall(r" at (/[^',\]]*)'", detail)
         if points and all(unsearchable(m, as_user) for m in points):
             del out["write_surface"]
-    if report["profile"].startswith("srt") and out.get("host_sockets") == SRT_UNIX_REFUSED:
-        del out["host_sockets"]
     return out
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from witness_cli import masked_by_null
 
 from conformance import adapters
 from conformance.adapters import docker
@@ -45,12 +44,10 @@ def test_docker_run_keeps_every_promise_of_its_flags(docker_tier: DockerTier, tm
     assert report.exists(), done.stderr[-2000:]
     doc = json.loads(report.read_text())
     not_kept = {p["promise"]: p["detail"] for p in doc["promises"] if p["verdict"] != "kept"}
-    # The engine's maskedPaths bind /dev/null over /proc/keys and /proc/timer_list: the devices witness
-    # names them, a false BROKEN (witness_cli.masked_by_null); nothing else may be red.
-    devices = not_kept.pop("devices", None)
-    assert devices is None or masked_by_null(devices), devices
+    # The engine's maskedPaths bind /dev/null over /proc/keys and /proc/timer_list: still the null device
+    # (1:3), allowed by its number wherever it is. Nothing may be red.
     assert not not_kept, "\n".join(f"{k}: {v[:300]}" for k, v in not_kept.items())
-    assert done.returncode == (0 if devices is None else 1), done.stdout
+    assert done.returncode == 0, done.stdout
     assert {p["promise"] for p in doc["promises"]} >= {
         "masked {state}/db",
         "control",

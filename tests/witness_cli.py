@@ -4,7 +4,6 @@ own JUnit result (an oracle independent of the witness command's own reporting).
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -37,21 +36,3 @@ def junit(path: Path) -> dict[str, str]:
         kinds = [c.tag for c in case if c.tag in ("failure", "error", "skipped")]
         out[case.get("name", "")] = kinds[0] if kinds else "passed"
     return out
-
-
-# A container runtime's maskedPaths (runc spec's, Docker's) mask a file by binding the host's /dev/null
-# over it: the task then finds /proc/keys and /proc/timer_list to be char 1:3, the null device, opening
-# and reading empty (probed through the launcher: mountinfo shows devtmpfs /null there). The devices
-# witness allows a node by its path (/dev/null), so it names them: a false BROKEN on a promise the
-# container keeps. This says whether a devices detail is exactly that and nothing else.
-_OPENED = re.compile(r"'(/\S+) \((\d+:\d+), O_\w+\)'")
-
-
-def masked_by_null(detail: str) -> bool:
-    tried, _, untried = detail.partition("; the host sees, untried, ")
-    opened = _OPENED.findall(tried)
-    return (
-        bool(opened)
-        and all(path.startswith(("/proc/", "/sys/")) and rdev == "1:3" for path, rdev in opened)
-        and untried == "[]"
-    )

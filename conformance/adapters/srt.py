@@ -41,6 +41,7 @@ from typing import Any
 
 from conformance.adapters import Unavailable
 from probes import owner
+from probes.run import die_with_parent
 
 # Shared with conformance/adapters/codex.py, the other npm-installed agent sandbox: installed, npm_prefix,
 # tool_env, launcher_dir_entries,
@@ -234,8 +235,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> int:
     """The tool as our child, with our stdio (the witness program on stdin, its document on stdout),
-    so that we are still here to clean up after it. SIGTERM is passed on; RUN_TIMEOUT bounds it."""
-    proc = subprocess.Popen(list(argv), env=dict(env), cwd=cwd)
+    so that we are still here to clean up after it. SIGTERM is passed on; RUN_TIMEOUT bounds it. The
+    tool dies with us (PR_SET_PDEATHSIG): a platform whose worker is SIGKILLed must not leave the
+    tool, and the task it runs, behind (the lifecycle promise)."""
+    proc = subprocess.Popen(list(argv), env=dict(env), cwd=cwd, preexec_fn=die_with_parent())
     signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
     try:
         code = proc.wait(timeout=RUN_TIMEOUT)

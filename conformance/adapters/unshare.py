@@ -13,7 +13,11 @@ import shutil
 
 from conformance.adapters import Unavailable
 
-FLAGS = ("--user", "--map-root-user", "--net", "--pid", "--ipc", "--uts", "--fork", "--mount-proc")
+# --kill-child: the forked child gets SIGKILL when unshare dies (PR_SET_PDEATHSIG, unshare(1)), and with
+# --pid that empties the whole pid namespace: the task dies with its launcher.
+FLAGS = (
+    "--user", "--map-root-user", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--mount-proc"
+)
 
 
 def prefix() -> str:
