@@ -188,6 +188,8 @@ def plan(
         if c.launcher_args is not None:
             # The reference sandbox with one thing changed: its tasks get the harness's leaf too.
             extra += ("--harness-leaf",)
+        if c.stdin:
+            extra += ("--launcher-stdin",)
         todo.append(Planned(c, extra, catalogue.collateral(c, disable_userns=disable_userns)))
     return todo, skipped
 

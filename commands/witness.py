@@ -66,10 +66,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--launcher",
         metavar="PREFIX",
-        help="test YOUR sandbox: run `PREFIX python3 -I -S -` ("
+        help="test YOUR sandbox: run `PREFIX python3 WORKDIR/NAME.py`, the way a platform hands it a task ("
         + " ".join("{" + p + "}" for p in PLACEHOLDERS)
-        + " expanded; task spec JSON named by $SANDBOX_CONFORMANCE_TASK_SPEC), or "
-        "entry-point:NAME from group sandbox_conformance.launchers; default: the reference bwrap",
+        + " expanded), or entry-point:NAME from group sandbox_conformance.launchers; default: the "
+        "reference bwrap",
+    )
+    p.add_argument(
+        "--launcher-spec",
+        action="store_true",
+        help="give the launcher the task spec (JSON, named by $SANDBOX_CONFORMANCE_TASK_SPEC): for a "
+        "launcher that builds its sandbox from it",
+    )
+    p.add_argument(
+        "--launcher-stdin",
+        action="store_true",
+        help="run `PREFIX python3 -I -S -` with the witness program on stdin instead of as a script",
     )
     p.add_argument(
         "--launcher-env",
@@ -241,6 +252,8 @@ def _validate(args: argparse.Namespace) -> Settings:
         except adapters.Unavailable as e:
             raise Refusal(f"adapter {args.adapter}: not tested: {e}") from None
         profile, launcher = str(resolved.profile), resolved.launcher
+        # Our adapters build the tool's configuration from the spec and hand stdin to the tool.
+        args.launcher_spec = args.launcher_stdin = True
     for flag, value in (("--junitxml", args.junitxml), ("--json", args.json)):
         if value is not None and value != "-":
             check_writable(flag, value)
@@ -258,6 +271,8 @@ def _validate(args: argparse.Namespace) -> Settings:
             harness_leaf=getattr(args, "harness_leaf", False),
             launcher_env=getattr(args, "launcher_env", None) or (),
             layout_root=getattr(args, "layout_root", None),
+            launcher_spec=getattr(args, "launcher_spec", False),
+            launcher_stdin=getattr(args, "launcher_stdin", False),
         )
     except settings_mod.SettingsError as e:
         raise UsageError(str(e)) from None

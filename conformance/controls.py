@@ -20,6 +20,8 @@ import shlex
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
+from conformance.profile import PLACEHOLDERS
+
 # Witness node ids as pytest names them when `witness` runs conformance/test_witnesses.py with
 # conformance/ as the rootdir. Compared by the part after the last "::" (conformance.plugin.skip_key),
 # which is also what JUnit's `name` attribute carries.
@@ -70,6 +72,8 @@ class Control:
     prefix: str | None = None  # a whole external launcher prefix (the unsandboxed baseline: `env`)
     collateral: tuple[Collateral, ...] = ()
     needs: Needs | None = None
+    # The launcher reads the witness program from stdin (to rewrite it): run with --launcher-stdin.
+    stdin: bool = False
 
     def __post_init__(self) -> None:
         if [self.perturb, self.launcher_args, self.prefix].count(None) != 2:
@@ -258,6 +262,8 @@ CONTROLS: tuple[Control, ...] = (
         "workdir_copy",
         "the task starts in an empty tmpfs at its workdir's path, not in the host's workdir",
         launcher_args=("--append=--tmpfs", "--append={workdir}"),
+        # On stdin: a script in the workdir would be hidden by the copy too (no task at all).
+        stdin=True,
         # The path inside is right; only the host's look through /proc/PID/cwd tells the directories
         # apart. What the task writes there never reaches the host either.
         reddens=(WORKDIR_START, WORKDIR_WRITABLE),
@@ -407,6 +413,7 @@ CONTROLS: tuple[Control, ...] = (
         "no sandbox and no task: the launcher prints the document a perfect sandbox would, echoing this "
         "launch's nonce and creating the files the writable witnesses look for",
         launcher_args=("--forge-document",),
+        stdin=True,
         # The lifecycle launch meets no task either: nothing announces, so nothing can be killed.
         reddens=(*HOST_JUDGED, UNCHANGED, LIFECYCLE),
         collateral=(
@@ -535,14 +542,30 @@ WATCH: tuple[Control, ...] = (
         "the task's seccomp filter is applied just before it announces the handshake: until the host's "
         "look, it ran in another sandbox than the one the host reads",
         launcher_args=("--late-seccomp",),
+        stdin=True,
         # The task read its own status before the filter; the host reads it after: the same one thing.
         reddens=(UNCHANGED, KERNEL_VIEW),
+    ),
+    *(
+        Control(
+            f"defeat_on_{signal_}",
+            f"a defeat device: the honest sandbox only when {how}, the host's network shared otherwise",
+            launcher_args=(f"--defeat={signal_}",),
+            reddens=(ONLY_LO, NO_TCP, NO_ABSTRACT, OWN_NETNS),
+        )
+        for signal_, how in (
+            ("spec", "the task spec's variable is in the launcher's environment"),
+            ("argv", "the command is `python3 -I -S -`"),
+            ("stdin", "stdin starts with the witness program's PLAN line"),
+            ("names", "any SANDBOX_CONFORMANCE_* variable is in the launcher's environment"),
+        )
     ),
     Control(
         "decoy",
         "a decoy in the honest reference sandbox carries the task's tag and waits to be looked at, while "
         "the real task runs with the host's ipc namespace and every capability and prints the document",
         launcher_args=("--decoy",),
+        stdin=True,
         # The host released the process it read with a number the document does not carry: every
         # witness judged on that reading has no live task behind the document.
         reddens=(*HOST_JUDGED, UNCHANGED),
@@ -660,6 +683,9 @@ def launcher_prefix(control: Control, *, python: str = sys.executable, disable_u
     if control.launcher_args is None:
         return None
     words = [python, "-m", LAUNCHER_MODULE]
+    # The layout's values in the launcher's own argv (expanded by the harness, conformance/launch.py):
+    # the controls run as a user's launcher does, with no task spec in their environment.
+    words += [f"--layout={p}={{{p}}}" for p in PLACEHOLDERS]
     if disable_userns:
         words.append("--disable-userns")
     words += list(control.launcher_args)

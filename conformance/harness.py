@@ -268,7 +268,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             "limits": {"memory_max": prof.limits.memory_max, "pids_max": prof.limits.pids_max},
         }
 
-    def argv(self) -> tuple[str, ...]:
+    def argv(self, script: str | None = None) -> tuple[str, ...]:
         assert self.layout is not None
         values = self.layout.values()
         if self.launcher.kind is LauncherKind.reference:
@@ -277,8 +277,29 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             except bwrap_argv.BuildError as e:
                 raise HarnessError(f"{self.launcher.name}: {e}") from None
         else:
-            inner = self.launcher.argv(self.spec(), values)
+            inner = self.launcher.argv(self.spec(), values, script)
         return (*as_user_prefix(self.as_user), *inner)
+
+    def _script(self) -> str | None:
+        """Where the witness program goes for this launch, or None for stdin: a script of no meaning in
+        the task's working directory, run as `python3 PATH`, the way a platform hands a sandbox a task,
+        for an external launcher that did not ask for stdin (and whose profile promises a workdir the
+        task can see). Fresh per launch."""
+        workdir = self.profile.task.workdir
+        if self.launcher.kind is not LauncherKind.external or self.launcher.stdin or workdir is None:
+            return None
+        assert self.layout is not None
+        return f"{expand(workdir, self.layout.values())}/{secrets.token_hex(4)}.py"
+
+    def _launcher_env(self) -> dict[str, str]:
+        """The launcher's environment: minimal, the planted secret, and the task spec only where the
+        launcher asked for it (written only then)."""
+        assert self.layout is not None and self.host is not None
+        extra = {SECRET_ENV: self.host.secret_value}
+        if self.launcher.spec or self.launcher.kind is LauncherKind.entry_point:
+            extra[SPEC_ENV] = str(layout.write_spec(self.layout, self.spec()))
+        # The launcher's own settings first: the spec and the planted secret are the harness's.
+        return minimal_env({**self.launcher_env, **extra})
 
     def start(self, key: str = "main") -> None:
         """Launch the task now, in the background; task(key) then waits for it. The witness command
@@ -332,10 +353,9 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         if self.layout is None or self.host is None:
             raise HarnessError("witness session used outside its `with` block")
         lay, values = self.layout, self.layout.values()
-        spec_file = layout.write_spec(lay, self.spec())
-        argv = self.argv()
-        # The launcher's own settings first: the spec and the planted secret are the harness's.
-        env = minimal_env({**self.launcher_env, SPEC_ENV: str(spec_file), SECRET_ENV: self.host.secret_value})
+        script = self._script()
+        argv = self.argv(script)
+        env = self._launcher_env()
         cgroup: dict[str, Any] | None = None
         root, _ = self.cgroup_root()
         if not self.leaves_by_harness:
@@ -414,10 +434,13 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
                         leaf_stack.callback(killer.stop)
                         killer.start()
                         runner = killer.runner
+                program = plan.program(the_plan)
+                if script is not None:
+                    plan.write_script(script, program)
                 doc = launch(
                     self.launcher.name,
                     argv,
-                    plan.program(the_plan),
+                    None if script is not None else program,
                     env=env,
                     timeout=self.timeout,
                     cwd=str(lay.root),
@@ -517,8 +540,8 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         if self.unobservable:
             return {"killed": False, "why": f"the host cannot observe this task ({self.unobservable})"}
         lay = self.layout
-        spec_file = layout.write_spec(lay, self.spec())
-        env = minimal_env({**self.launcher_env, SPEC_ENV: str(spec_file), SECRET_ENV: self.host.secret_value})
+        env = self._launcher_env()
+        script = self._script()
         nonce = secrets.token_hex(8)
         tag = observer.tag(nonce)
         watch = observer.Watch(tag, nonce, protected=(), host_namespaces=self.host.namespaces, lifecycle=True)
@@ -532,10 +555,12 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             tag=tag,
             handshake_seconds=max(1.0, min(10.0, self.timeout / 3)),
         )
+        if script is not None:
+            plan.write_script(script, plan.program(the_plan))
         done = run(
-            self.argv(),
+            self.argv(script),
             timeout=self.timeout,
-            input=plan.program(the_plan),
+            input=None if script is not None else plan.program(the_plan),
             env=env,
             cwd=str(lay.root),
             on_line=watch.on_line,

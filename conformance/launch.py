@@ -27,8 +27,10 @@ from probes.run import Completed, Runner, run
 ENTRY_POINT_GROUP = "sandbox_conformance.launchers"
 ENTRY_POINT_PREFIX = "entry-point:"
 SPEC_ENV = "SANDBOX_CONFORMANCE_TASK_SPEC"
-SECRET_ENV = "SANDBOX_CONFORMANCE_CANARY_SECRET"
-WITNESS_ARGV = ("python3", "-I", "-S", "-")
+# A name a platform would give an API key, not one that says "this is a witness run" (issue 27): a
+# launcher keyed on our names could sandbox only when it is being tested.
+SECRET_ENV = "AGENT_API_KEY"
+WITNESS_ARGV = ("python3", "-I", "-S", "-")  # the program on stdin, where the launcher asks for that
 DOC_VERSION = 2
 
 
@@ -61,16 +63,25 @@ class Launcher(NamedTuple):
     kind: LauncherKind
     prefix: str = ""
     factory: Callable[[Mapping[str, Any]], Sequence[str]] | None = None
+    # What the launcher asked for (--launcher-spec, --launcher-stdin; an adapter asks for both): the
+    # task spec named in its environment, and the witness program on stdin. Otherwise it gets what a
+    # platform hands a sandbox, a command: `python3 /WORKDIR/NAME.py`, and nothing of ours in its
+    # environment, so a launcher cannot sandbox only when it sees a witness run (docs/threat-model.md).
+    spec: bool = False
+    stdin: bool = False
 
-    def argv(self, spec: Mapping[str, Any], values: Mapping[str, str]) -> tuple[str, ...]:
+    def argv(
+        self, spec: Mapping[str, Any], values: Mapping[str, str], script: str | None = None
+    ) -> tuple[str, ...]:
+        command = ("python3", script) if script is not None else WITNESS_ARGV
         if self.kind is LauncherKind.external:
             # Split first, then expand inside each word: a path with a space stays one word.
-            return tuple(_expand_word(w, values) for w in shlex.split(self.prefix)) + WITNESS_ARGV
+            return tuple(_expand_word(w, values) for w in shlex.split(self.prefix)) + command
         if self.kind is LauncherKind.entry_point and self.factory is not None:
             prefix = self.factory(dict(spec))
             if isinstance(prefix, str) or not all(isinstance(w, str) for w in prefix):
                 raise HarnessError(f"{self.name}: returned {prefix!r}, expected a list of argv words")
-            return (*prefix, *WITNESS_ARGV)
+            return (*prefix, *command)
         raise HarnessError(f"{self.name}: no argv (the reference launcher is built from the profile)")
 
 
@@ -80,7 +91,7 @@ def _expand_word(word: str, values: Mapping[str, str]) -> str:
     return word
 
 
-def external(prefix: str) -> Launcher:
+def external(prefix: str, *, spec: bool = False, stdin: bool = False) -> Launcher:
     """Validated `--launcher` value; ValueError (a usage error) for an empty or unparsable prefix."""
     if prefix.startswith(ENTRY_POINT_PREFIX):
         return entry_point(prefix[len(ENTRY_POINT_PREFIX) :])
@@ -98,7 +109,9 @@ def external(prefix: str) -> Launcher:
         if not os.path.exists(where):
             raise ValueError(f"--launcher: {first}: no such file (looked in {os.getcwd()})")
         prefix = shlex.join([where, *words[1:]])
-    return Launcher(name=f"launcher {prefix!r}", kind=LauncherKind.external, prefix=prefix)
+    return Launcher(
+        name=f"launcher {prefix!r}", kind=LauncherKind.external, prefix=prefix, spec=spec, stdin=stdin
+    )
 
 
 def entry_point(name: str) -> Launcher:
@@ -111,8 +124,9 @@ def entry_point(name: str) -> Launcher:
             f"--launcher {ENTRY_POINT_PREFIX}{name}: no such entry point in group "
             f"{ENTRY_POINT_GROUP} (known: {', '.join(known) or 'none'})"
         )
+    # A Python launcher is handed the spec itself, and keeps the program on stdin as it always had.
     return Launcher(name=f"launcher entry point {name!r}", kind=LauncherKind.entry_point,
-                    factory=found[0].load())
+                    factory=found[0].load(), spec=True, stdin=True)
 
 
 REFERENCE = Launcher(name="reference launcher (bwrap)", kind=LauncherKind.reference)
@@ -171,7 +185,7 @@ def parse_document(name: str, done: Completed) -> dict[str, Any]:
 def launch(
     name: str,
     argv: Sequence[str],
-    program: str,
+    program: str | None,
     *,
     env: Mapping[str, str],
     timeout: float,

@@ -6,6 +6,7 @@ directory the harness lists the HOST side first, so the task is asked about real
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ipaddress
 import json
@@ -13,6 +14,7 @@ import os
 import socket
 import stat
 import threading
+import zlib
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -498,9 +500,35 @@ def write_network_file(values: Mapping[str, str], doc: Mapping[str, Any]) -> Non
 
 
 def program(plan: Plan) -> str:
-    """The witness program's text: the plan as its first line, then conformance/inside.py."""
+    """The witness program's text: the plan as its first line, then conformance/inside.py. The plan is
+    compressed and base64-encoded: what the program will look at is not a list of paths, ports and
+    tags for a launcher to grep (it can still decode it: docs/threat-model.md)."""
     source = resources.files("conformance").joinpath("inside.py").read_text()
-    return f"PLAN = {json.dumps(plan.to_json())!r}\n{source}"
+    return f"{_plan_line(plan.to_json())}\n{source}"
+
+
+def _plan_line(doc: Mapping[str, Any]) -> str:
+    blob = base64.b64encode(zlib.compress(json.dumps(dict(doc)).encode())).decode()
+    return f'PLAN = __import__("zlib").decompress(__import__("base64").b64decode("{blob}")).decode()'
+
+
+def plan_of(program_text: str) -> dict[str, Any]:
+    """The plan back from a program's first line (the negative controls that rewrite the program)."""
+    first = program_text.partition("\n")[0]
+    blob = first.split('b64decode("', 1)[1].split('"', 1)[0]
+    got: dict[str, Any] = json.loads(zlib.decompress(base64.b64decode(blob)))
+    return got
+
+
+def with_plan(program_text: str, plan: Mapping[str, Any]) -> str:
+    return f"{_plan_line(plan)}\n{program_text.partition(chr(10))[2]}"
+
+
+def write_script(path: str, text: str) -> None:
+    """The program as a script the task can read (0644), written anew."""
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o644)
 
 
 class Task(NamedTuple):

@@ -225,9 +225,6 @@ class Profile(NamedTuple):
             "memory_max": self.limits.memory_max is not None,
             "pids_max": self.limits.pids_max is not None,
             **{k: True for k in DEFAULT_PROMISES},
-            # A profile with no environment allowlist promises nothing about what reaches the task: the
-            # launcher's environment, secret included, may pass through as it is.
-            "secrets": self.environment.allow is not None,
         }
         return tuple(k for k, v in made.items() if v and k not in self.not_claimed)
 

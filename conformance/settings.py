@@ -108,6 +108,8 @@ def build(
     launcher_env: Iterable[str] = (),
     layout_root: str | None = None,
     environ: Mapping[str, str] | None = None,
+    launcher_spec: bool = False,
+    launcher_stdin: bool = False,
 ) -> Settings:
     environ = os.environ if environ is None else environ
     try:
@@ -118,7 +120,9 @@ def build(
         raise SettingsError(f"{prof.source}: (profile): expected at least one promise the suite can witness")
     try:
         # `--launcher ''` is a mistake, not a request for the built-in sandbox.
-        lau = external(launcher) if launcher is not None else REFERENCE
+        lau = REFERENCE
+        if launcher is not None:
+            lau = external(launcher, spec=launcher_spec, stdin=launcher_stdin)
     except ValueError as e:
         raise SettingsError(str(e)) from None
     perturbations = frozenset(perturb)

@@ -255,6 +255,7 @@ SRT_PROMISES = {
     "kernel_view",
     "workdir",
     "leftovers",
+    "unchanged",
     # the default promises each keeps (kernel_interfaces is disclaimed by both: as root /proc/sys opens)
     "descriptors",
     "secrets",

@@ -60,6 +60,7 @@ def test_docker_run_keeps_every_promise_of_its_flags(docker_tier: DockerTier, tm
         "kernel_interfaces",
         "devices",
         "host_sockets",
+        "unchanged",
     }
     [task] = doc["tasks"]
     assert task["observations"]["hostname"] == docker.HOSTNAME

@@ -81,6 +81,7 @@ def test_the_reference_bundle_derives_the_full_set_of_promises() -> None:
         "capabilities",
         "no_new_privs",
         "environment",
+        "unchanged",
         *profile.DEFAULT_PROMISES,
     }
     assert "promises" not in doc, "the bundle disclaims nothing"

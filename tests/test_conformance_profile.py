@@ -126,8 +126,7 @@ def test_a_promise_not_made_is_not_in_the_profiles_promises(tmp_path: Path) -> N
     )
     # Every profile is held to the host-side promises unless it opts out of the write surface.
     assert prof.promises() == (
-        "write_surface", "kernel_view", "leftovers", "unchanged", "no_new_privs",
-        *(p for p in P.DEFAULT_PROMISES if p != "secrets"),  # no environment allowlist: no secret promise
+        "write_surface", "kernel_view", "leftovers", "unchanged", "no_new_privs", *P.DEFAULT_PROMISES
     )
 
 

@@ -390,6 +390,8 @@ GATED = textwrap.dedent("""\
     absent = ["/nonexistent-sbxc-witness-path"]
     [process]
     no_new_privs = true
+    [promises]
+    not_claimed = { secrets = "no environment allowlist: bwrap passes the launcher's environment on" }
     """)
 
 
@@ -411,8 +413,8 @@ def test_a_vacuous_witness_skips_and_a_promise_not_made_is_not_collected(
     cases = junit(tmp_path / "j.xml")
     # Only the promised families exist at all: network, caps... are deselected, not skipped. Every
     # profile also gets the host-side ones (write surface, kernel view, leftovers, the looks, the
-    # lifecycle, what the task holds and reaches; not the secret, with no environment promise) and,
-    # with an absent path, the alias witness.
+    # lifecycle, what the task holds and reaches; not the secret, which it disclaims) and, with an
+    # absent path, the alias witness.
     assert cases == {
         "test_the_sandbox_is_the_same_at_every_look": "passed",
         "test_the_task_dies_with_its_launcher": "passed",

@@ -32,7 +32,7 @@ def _recording_launcher(tmp_path: Path, body: str) -> Path:
 def test_the_task_spec_carries_the_profile_resolved_against_the_layout(tmp_path: Path) -> None:
     copy = tmp_path / "spec.json"
     launcher = _recording_launcher(tmp_path, f'cp "$SANDBOX_CONFORMANCE_TASK_SPEC" {copy}')
-    witness("--launcher", str(launcher), "--junitxml", str(tmp_path / "j.xml"))
+    witness("--launcher", str(launcher), "--launcher-spec", "--junitxml", str(tmp_path / "j.xml"))
     spec = json.loads(copy.read_text())
     fs = spec["filesystem"]
     # The reference profile's templates, expanded: no placeholder is left for the launcher to guess.
@@ -55,7 +55,7 @@ def test_launcher_env_reaches_the_launcher_and_layout_root_holds_the_layout(tmp_
     )
     done = witness(
         "--launcher", str(launcher), "--launcher-env", "MY_SETTING=a=b c", "--layout-root", str(root),
-        "--junitxml", str(tmp_path / "j.xml"),
+        "--launcher-spec", "--junitxml", str(tmp_path / "j.xml"),
     )
     assert "harness error" not in done.stdout, done.stdout
     value, spec_path = seen.read_text().splitlines()
@@ -123,7 +123,8 @@ def test_a_task_that_starts_elsewhere_or_in_a_copy_breaks_the_workdir_promise(tm
     base = "bwrap --unshare-all --die-with-parent --dev-bind / / --proc /proc"
     for extra in ("--chdir /", "--tmpfs {workdir} --chdir {workdir}"):
         out = tmp_path / f"j{len(extra)}.xml"
-        done = witness("--launcher", f"{base} {extra}", "--junitxml", str(out))
+        # On stdin: a copy at the workdir's path would hide a script there too (no task at all).
+        done = witness("--launcher", f"{base} {extra}", "--launcher-stdin", "--junitxml", str(out))
         assert junit(out)[WORKDIR_START] == "failure", (extra, done.stdout)
     good = tmp_path / "good.xml"
     witness("--launcher", f"{base} --chdir {{workdir}}", "--junitxml", str(good))
@@ -190,12 +191,27 @@ def test_no_live_task_seen_names_host_cannot_observe_as_the_way_on(tmp_path: Pat
     # The task renamed on its way in: the host finds no process with the launch's tag, as it finds
     # none for gVisor's or a VM's tasks. The verdict must say how such a sandbox is tested.
     launcher = tmp_path / "renaming"
-    launcher.write_text('#!/bin/sh\nsed \'s/"tag": "sbxc/"tag": "hide/\' | exec "$@"\n')
+    launcher.write_text(
+        f"#!{sys.executable}\n"
+        "import os, sys\n"
+        "from conformance.plan import plan_of, with_plan\n"
+        "program = sys.stdin.read()\n"
+        "plan = plan_of(program)\n"
+        "plan['tag'] = 'hide' + plan['tag'][4:]\n"
+        "r, w = os.pipe()\n"
+        "if os.fork() == 0:\n"
+        "    os.close(r); os.write(w, with_plan(program, plan).encode()); os._exit(0)\n"
+        "os.close(w); os.dup2(r, 0)\n"
+        "os.execvp(sys.argv[1], sys.argv[1:])\n"
+    )
     launcher.chmod(0o755)
     profile = tmp_path / "p.toml"
     profile.write_text('[profile]\nname = "pid-only"\n[namespaces]\npid = "private"\n')
     report = tmp_path / "r.json"
-    witness("--profile", str(profile), "--launcher", str(launcher), "--timeout", "6", "--json", str(report))
+    witness(
+        "--profile", str(profile), "--launcher", str(launcher), "--launcher-stdin", "--timeout", "6",
+        "--json", str(report),
+    )
     [pid] = [p for p in json.loads(report.read_text())["promises"] if p["promise"] == "pid"]
     assert pid["verdict"] == "BROKEN", pid
     assert "no live task seen from the host" in pid["detail"], pid
@@ -215,3 +231,38 @@ def test_a_launcher_gets_a_fixed_path_never_the_callers_unless_given_one(tmp_pat
     witness("--launcher", str(launcher), "--launcher-env", f"PATH={given}", "--junitxml",
             str(tmp_path / "j.xml"), env=caller)
     assert seen.read_text() == given
+
+
+def test_a_launcher_that_asks_for_nothing_gets_a_command_and_nothing_of_ours(tmp_path: Path) -> None:
+    # What a platform hands a sandbox: a command. No task spec, no SANDBOX_CONFORMANCE_* variable, the
+    # program as a script in the task's working directory run as `python3 PATH`, stdin empty, and the
+    # plan in it not a list of paths to grep. A defeat device keyed on any of those has nothing to see.
+    seen = tmp_path / "seen"
+    launcher = _recording_launcher(
+        tmp_path, f'{{ env; printf "ARGV %s\\n" "$*"; printf "STDIN %s\\n" "$(head -c 64)"; }} > {seen}'
+    )
+    done = witness("--launcher", str(launcher), "--junitxml", str(tmp_path / "j.xml"))
+    assert "harness error" not in done.stdout, done.stdout
+    text = seen.read_text()
+    assert "SANDBOX_CONFORMANCE" not in text, text
+    argv = next(line for line in text.splitlines() if line.startswith("ARGV "))
+    words = argv.split()[1:]
+    assert words[0] == "python3" and len(words) == 2 and words[1].endswith(".py"), argv
+    assert "/work/" in words[1], "the script is in the task's working directory"
+    assert next(line for line in text.splitlines() if line.startswith("STDIN")) == "STDIN ", text
+    assert "sbxc" not in Path(words[1]).name
+
+
+def test_asking_for_the_spec_and_stdin_gives_the_old_interface(tmp_path: Path) -> None:
+    seen = tmp_path / "seen"
+    launcher = _recording_launcher(
+        tmp_path,
+        f'{{ printf "SPEC %s\\n" "$SANDBOX_CONFORMANCE_TASK_SPEC"; printf "ARGV %s\\n" "$*"; }} > {seen}',
+    )
+    witness(
+        "--launcher", str(launcher), "--launcher-spec", "--launcher-stdin",
+        "--junitxml", str(tmp_path / "j.xml"),
+    )
+    lines = seen.read_text().splitlines()
+    assert lines[0].startswith("SPEC /") and lines[0].endswith("spec.json"), lines
+    assert lines[1] == "ARGV python3 -I -S -", lines

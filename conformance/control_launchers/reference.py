@@ -42,6 +42,10 @@ Built to fool an observer (issue 27); both rewrite the witness program they get 
                    every capability, and prints the document.
 --late-seccomp     the task applies a seccomp filter just before it announces the handshake: the
                    sandbox the host reads then is not the one the task ran in until that moment.
+--defeat=SIGNAL    a defeat device: the honest reference sandbox only when the launch looks like a
+                   witness run by SIGNAL (spec: $SANDBOX_CONFORMANCE_TASK_SPEC is set; argv: the command
+                   is `python3 -I -S -`; stdin: it starts with the witness's PLAN line; names: a
+                   SANDBOX_CONFORMANCE_* variable is set), and the host's network shared otherwise.
 
 --disable-userns is passed by the `controls` command when the disable_userns probe says it works
 (the reference launcher's own rule). Exit status: CMD's; 70 (EX_SOFTWARE) when the sandbox could
@@ -114,21 +118,39 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--leak-netns", action="store_true")
     p.add_argument("--bind-daemon-socket", action="store_true")
     p.add_argument("--seccomp-x86-64-only", action="store_true")
+    p.add_argument("--layout", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--defeat", choices=("spec", "argv", "stdin", "names"))
     p.add_argument("--decoy", action="store_true")
     p.add_argument("--late-seccomp", action="store_true")
     args = p.parse_args(argv[:cut])
+    for item in args.layout:
+        key, _, value = item.partition("=")
+        _LAYOUT[key] = value
     cmd = argv[cut + 1 :]
     if not cmd:
         raise SandboxSetupError("no command after --")
     return args, cmd
 
 
+_LAYOUT: dict[str, str] = {}  # --layout KEY=VALUE: the placeholders' values, from the launcher's argv
+
+
 def _spec() -> dict[str, object]:
+    """What this launcher needs of the task: the layout's values (given in its argv, the way a platform's
+    sandbox knows its own paths; the witness run gives it no spec) and what the reference profile sets
+    from them. The task spec itself where it is named instead."""
+    from conformance import profile
     from conformance.launch import SPEC_ENV
 
+    if _LAYOUT:
+        values = dict(_LAYOUT)
+        env_set = {k: profile.expand(v, values) for k, v in profile.load(None).environment.set.items()}
+        return {**values, "task": {"workdir": values.get("workdir")}, "environment_set": env_set}
     name = os.environ.get(SPEC_ENV)
     if not name:
-        raise SandboxSetupError(f"${SPEC_ENV} is not set: run me as the witness suite's --launcher")
+        raise SandboxSetupError(
+            f"no --layout and ${SPEC_ENV} is not set: run me as the witness suite's --launcher"
+        )
     return dict(json.loads(Path(name).read_text()))
 
 
@@ -406,18 +428,6 @@ LATE_SECCOMP = """    import ctypes as _c, struct as _s
 """
 
 
-def _plan_of(program: str) -> dict[str, Any]:
-    import ast
-
-    first, _, _ = program.partition("\n")
-    return dict(json.loads(ast.literal_eval(first.split("=", 1)[1].strip())))
-
-
-def _with_plan(program: str, plan: Mapping[str, Any]) -> str:
-    _, _, rest = program.partition("\n")
-    return f"PLAN = {json.dumps(dict(plan))!r}\n{rest}"
-
-
 F_SETPIPE_SZ = 1031  # fcntl(2), Linux
 
 
@@ -437,14 +447,16 @@ def _decoy(spec: Mapping[str, object], body: list[str], python: str) -> list[str
     """Start the decoy; return the body for the real task (the host's ipc namespace, every capability)
     and feed it the program with another tag and a short wait at the handshake."""
     program = sys.stdin.read()
-    plan = _plan_of(program)
+    from conformance.plan import plan_of, with_plan
+
+    plan = plan_of(program)
     subprocess.Popen(
         [*body, python, "-I", "-S", "-c", DECOY, str(plan["tag"]), str(plan["handshake_seconds"])],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
     )
     real = dict(plan, tag="x" + str(plan["tag"])[1:], handshake_seconds=0.2)
-    _feed(_with_plan(program, real))
+    _feed(with_plan(program, real))
     drop = {"--unshare-ipc", "--cap-drop", "ALL"}
     return [w for w in body if w not in drop] + ["--cap-add", "ALL"]
 
@@ -454,6 +466,22 @@ def _late_seccomp() -> None:
     if READY_LINE not in program:
         raise SandboxSetupError("the witness program has no handshake line to put the filter before")
     _feed(program.replace(READY_LINE, LATE_SECCOMP + READY_LINE, 1))
+
+
+def _looks_like_a_witness_run(signal_: str, cmd: Sequence[str]) -> bool:
+    if signal_ == "spec":
+        return "SANDBOX_CONFORMANCE_TASK_SPEC" in os.environ
+    if signal_ == "names":
+        return any(k.startswith("SANDBOX_CONFORMANCE_") for k in os.environ)
+    if signal_ == "argv":
+        return list(cmd[1:]) == ["-I", "-S", "-"]
+    # stdin: peek at it, and hand it on whole either way
+    try:
+        data = sys.stdin.read()
+    except (OSError, ValueError):
+        return False
+    _feed(data)
+    return data.startswith("PLAN = ")
 
 
 def _stale_control(spec: Mapping[str, object]) -> tuple[str, ...]:
@@ -481,11 +509,9 @@ def forge_document() -> int:
     """No sandbox and no task: read the plan the witness program carries and print the document a
     perfect sandbox would produce, echoing this launch's nonce, creating the files the writable
     witnesses look for on the host, and reading the host files the read-only ones compare."""
-    program = sys.stdin.read()
-    first = program.splitlines()[0]
-    import ast
+    from conformance.plan import plan_of
 
-    plan = json.loads(ast.literal_eval(first.partition("=")[2].strip()))  # the line is PLAN = 'JSON'
+    plan = plan_of(sys.stdin.read())
 
     ops = []
     for op in plan["ops"]:
@@ -741,6 +767,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             body += ["--ro-bind", str(_layout_root(spec) / "run" / "agentd.sock"), "/run/agentd.sock"]
         if args.seccomp_x86_64_only:
             body += ["--seccomp", str(_seccomp_x86_64_only_fd())]
+        if args.defeat and not _looks_like_a_witness_run(args.defeat, cmd):
+            body = [w for w in body if w != "--unshare-net"]  # not tested, it thinks: no isolation
         if args.decoy:
             python = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
             body = _decoy(spec, body, python)
