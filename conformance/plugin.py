@@ -191,6 +191,11 @@ def settings(config: pytest.Config) -> Settings:
             harness_leaf=bool(config.getoption("sbxc_harness_leaf")),
             launcher_env=config.getoption("sbxc_launcher_env") or (),
             layout_root=config.getoption("sbxc_layout_root"),
+            # A sandbox's own test suite keeps the interface it was written against: the spec named in
+            # the launcher's environment, the program on stdin. The `witness` command is where a
+            # launch is made to look like a workload (docs/threat-model.md).
+            launcher_spec=True,
+            launcher_stdin=True,
         )
     except settings_mod.SettingsError as e:
         # The plugin's options carry the sbxc- prefix: name them as the user typed them.
@@ -416,7 +421,11 @@ def sbxc_launch(pytestconfig: pytest.Config) -> Iterator[Callable[..., Task]]:
             if isinstance(profile, profile_mod.Profile)
             else (profile_mod.load(profile) if profile is not None else s.profile)
         )
-        lau = launcher if isinstance(launcher, Launcher) else (external(launcher) if launcher else s.launcher)
+        lau = (
+            launcher
+            if isinstance(launcher, Launcher)
+            else (external(launcher, spec=True, stdin=True) if launcher else s.launcher)
+        )
         session = WitnessSession(
             prof,
             lau,

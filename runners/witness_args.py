@@ -29,13 +29,17 @@ class WitnessOptions(NamedTuple):
     format: str | None = None
     verbose: bool = False
     log: str | None = None
+    # What an external launcher asked for: the task spec, the program on stdin (conformance/launch.py).
+    launcher_spec: bool = False
+    launcher_stdin: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WitnessOptions:
         return cls(args.profile, args.adapter, args.launcher, args.as_user, args.junitxml, args.json,
                    bool(args.require), args.expected_skips, tuple(args.pytest_args or ()),
                    getattr(args, "format", None), bool(getattr(args, "verbose", False)),
-                   getattr(args, "log", None))
+                   getattr(args, "log", None), bool(getattr(args, "launcher_spec", False)),
+                   bool(getattr(args, "launcher_stdin", False)))
 
     def relocated(self, infile: Callable[[str, str], str],
                   outfile: Callable[[str, str], str]) -> WitnessOptions:
@@ -62,6 +66,10 @@ class WitnessOptions(NamedTuple):
                             ("--expected-skips", self.expected_skips)):
             if value is not None:
                 out += [flag, value]
+        if self.launcher_spec:
+            out.append("--launcher-spec")
+        if self.launcher_stdin:
+            out.append("--launcher-stdin")
         if self.require:
             out.append("--require")
         if self.format is not None:
@@ -80,6 +88,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--profile", metavar="FILE", help="the sandbox profile (default: the embedded reference)")
     g.add_argument("--adapter", metavar="NAME", help="a sandbox tool's adapter: unshare, runc, crun, ...")
     g.add_argument("--launcher", metavar="PREFIX", help="an external launcher command prefix")
+    g.add_argument("--launcher-spec", action="store_true", help="give the launcher the task spec")
+    g.add_argument("--launcher-stdin", action="store_true", help="the witness program on stdin")
     g.add_argument("--as-user", metavar="NAME", help="(native, root only) launch tasks as this user")
     g.add_argument("--junitxml", metavar="FILE", help="JUnit XML (container: NAME-root.EXT, NAME-sbxc.EXT)")
     g.add_argument("--json", metavar="FILE", help="JSON report (container: NAME-root.EXT, NAME-sbxc.EXT)")

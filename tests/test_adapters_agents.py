@@ -198,7 +198,8 @@ def verdicts(report: dict) -> dict[str, str]:
 
 def run(tmp_path: Path, *args: str) -> tuple[int, dict, dict, str]:
     j, x = tmp_path / "r.json", tmp_path / "j.xml"
-    done = witness(*args, "--json", str(j), "--junitxml", str(x), timeout=300)
+    adapter = ("--launcher-spec", "--launcher-stdin") if "--launcher" in args else ()
+    done = witness(*args, *adapter, "--json", str(j), "--junitxml", str(x), timeout=300)
     assert j.exists(), f"no report (exit {done.returncode}): {done.stdout}{done.stderr[-2000:]}"
     return done.returncode, json.loads(j.read_text()), junit(x), done.stdout
 

@@ -34,7 +34,8 @@ def run_adapter(
 ) -> tuple[int, dict, dict, str]:
     j, x = tmp_path / "r.json", tmp_path / "j.xml"
     done = witness(
-        "--profile", str(profile), "--launcher", launcher, "--json", str(j), "--junitxml", str(x), *extra
+        "--profile", str(profile), "--launcher", launcher, "--launcher-spec", "--launcher-stdin",
+        "--json", str(j), "--junitxml", str(x), *extra
     )
     assert j.exists(), f"no JSON report (exit {done.returncode}): {done.stdout}{done.stderr[-2000:]}"
     return done.returncode, json.loads(j.read_text()), junit(x), done.stdout

@@ -37,7 +37,9 @@ def test_the_unshare_adapter_uses_exactly_its_documented_flags() -> None:
         pytest.skip(str(e))
     words = shlex.split(r.launcher)
     assert words[0].endswith("/unshare") and tuple(words[1:]) == unshare.FLAGS
-    assert r.witness_args() == ["--profile", str(r.profile), "--launcher", r.launcher]
+    assert r.witness_args() == [
+        "--profile", str(r.profile), "--launcher", r.launcher, "--launcher-spec", "--launcher-stdin"
+    ]
 
 
 def test_the_command_line_helper_prints_witness_arguments_or_exits_75(

@@ -622,7 +622,8 @@ def test_witness_through_the_oci_adapter(sig: int, tmp_path: Path) -> None:
     env = _env(tmp_path)
     before = _stamped(env)
     e = cancel_mid_run([sys.executable, "-m", "commands.cli", "witness", "--profile",
-                        str(adapters.profile_path("oci.toml")), "--launcher", launcher, "--timeout", "120"],
+                        str(adapters.profile_path("oci.toml")), "--launcher", launcher, "--launcher-spec",
+                        "--launcher-stdin", "--timeout", "120"],
                        sig=sig, ready=_sleeping(token), tmp=tmp_path, env=env)
     # The adapter's guardian is not the run's descendant: a bounded wait, longer than its own worst case
     # (`crun delete --force` may take its whole 20 s timeout on a loaded host before the bundle goes;

@@ -2,7 +2,7 @@
 profile of what that tool promises under the options the prefix uses.
 
     sandbox-conformance witness --profile "$(python -m conformance.adapters profile unshare)" \\
-        --launcher "$(python -m conformance.adapters launcher unshare)"
+        --launcher "$(python -m conformance.adapters launcher unshare)" --launcher-spec --launcher-stdin
 
 or `resolve(name)` from Python. An adapter that cannot run here raises `Unavailable` with the one
 line a person can act on (the witness command turns it into exit 75; tests skip with it).
@@ -33,7 +33,10 @@ class Resolved:
     launcher: str  # the --launcher prefix (placeholders unexpanded)
 
     def witness_args(self) -> list[str]:
-        return ["--profile", str(self.profile), "--launcher", self.launcher]
+        # An adapter builds the tool's configuration from the task spec and hands the program on stdin.
+        return [
+            "--profile", str(self.profile), "--launcher", self.launcher, "--launcher-spec", "--launcher-stdin"
+        ]
 
 
 @dataclasses.dataclass(frozen=True)
