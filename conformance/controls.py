@@ -20,8 +20,6 @@ import shlex
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
-from conformance.profile import PLACEHOLDERS
-
 # Witness node ids as pytest names them when `witness` runs conformance/test_witnesses.py with
 # conformance/ as the rootdir. Compared by the part after the last "::" (conformance.plugin.skip_key),
 # which is also what JUnit's `name` attribute carries.
@@ -50,6 +48,8 @@ class Needs(enum.StrEnum):
     # unprivileged task is refused by file modes whatever the sandbox exposes.
     as_root = enum.auto()
     x86_64 = enum.auto()  # the i386 entry point (int 0x80) exists only there
+    # TIOCSTI is allowed at all: dev.tty.legacy_tiocsti is not 0 (Linux 6.2 can refuse it to everyone).
+    legacy_tiocsti = enum.auto()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +139,7 @@ DEVICES = _w("test_only_allowlisted_device_nodes_can_be_opened")
 HOST_SOCKETS = _w("test_no_host_unix_socket_can_be_connected_to")
 UNCHANGED = _w("test_the_sandbox_is_the_same_at_every_look")
 LIFECYCLE = _w("test_the_task_dies_with_its_launcher")
+TERMINAL = _w("test_the_task_cannot_type_into_the_terminal_it_was_started_from")
 
 # Every witness judged on the host's reading of the live task: a document with no live task behind it
 # (a forger's, a decoy's) turns each of them red.
@@ -334,6 +335,13 @@ CONTROLS: tuple[Control, ...] = (
         "PR_SET_NO_NEW_PRIVS, which bwrap always sets on its own children",
         launcher_args=("--join",),
         reddens=(NNP,),
+        collateral=(
+            Collateral(
+                TERMINAL,
+                "entered from outside with setns(2), the task is in the launcher's own session, controlling "
+                "terminal and all: bwrap's --new-session never ran for it",
+            ),
+        ),
     ),
     # ---- adversaries (issue 11): sandboxes built to pass a checker that trusts the wrong observer ----
     Control(
@@ -414,8 +422,9 @@ CONTROLS: tuple[Control, ...] = (
         "launch's nonce and creating the files the writable witnesses look for",
         launcher_args=("--forge-document",),
         stdin=True,
-        # The lifecycle launch meets no task either: nothing announces, so nothing can be killed.
-        reddens=(*HOST_JUDGED, UNCHANGED, LIFECYCLE),
+        # The lifecycle launch meets no task either: nothing announces, so nothing can be killed; and the
+        # terminal launch gets the forger's document, which tried nothing.
+        reddens=(*HOST_JUDGED, UNCHANGED, LIFECYCLE, TERMINAL),
         collateral=(
             Collateral(
                 NESTED_USERNS,
@@ -519,6 +528,14 @@ REACH: tuple[Control, ...] = (
         launcher_args=("--append=--dev-bind", "--append=/dev/kmsg", "--append=/kmsg"),
         reddens=(DEVICES,),
         needs=Needs.as_root,
+    ),
+    Control(
+        "no_new_session",
+        "no --new-session: the task keeps the launcher's controlling terminal and pushes input into it "
+        "with TIOCSTI (bwrap CVE-2017-5226)",
+        launcher_args=("--drop=--new-session",),
+        reddens=(TERMINAL,),
+        needs=Needs.legacy_tiocsti,
     ),
     Control(
         "nesting_x86_64_only",
@@ -650,6 +667,8 @@ def not_applicable(
             "(0644, 0600; dmesg_restrict for /dev/kmsg), so file modes refuse the task whatever the sandbox "
             "exposes (run the controls as root)"
         )
+    if control.needs is Needs.legacy_tiocsti and _legacy_tiocsti() == "0":
+        return "dev.tty.legacy_tiocsti = 0: this kernel refuses TIOCSTI to every task, sandboxed or not"
     if control.needs is Needs.x86_64 and platform.machine() != "x86_64":
         return f"the i386 entry point exists only on x86_64, not on {platform.machine()}"
     if control.needs is Needs.cgroup_root_as_root and not as_root:
@@ -658,6 +677,14 @@ def not_applicable(
             "the write whatever the sandbox shows (run the controls as root)"
         )
     return None
+
+
+def _legacy_tiocsti() -> str:
+    try:
+        with open("/proc/sys/dev/tty/legacy_tiocsti") as f:
+            return f.read().strip()
+    except OSError:
+        return "absent"  # before Linux 6.2 there is no switch: TIOCSTI is always allowed
 
 
 def collateral(control: Control, *, disable_userns: bool) -> tuple[Collateral, ...]:
@@ -683,9 +710,9 @@ def launcher_prefix(control: Control, *, python: str = sys.executable, disable_u
     if control.launcher_args is None:
         return None
     words = [python, "-m", LAUNCHER_MODULE]
-    # The layout's values in the launcher's own argv (expanded by the harness, conformance/launch.py):
-    # the controls run as a user's launcher does, with no task spec in their environment.
-    words += [f"--layout={p}={{{p}}}" for p in PLACEHOLDERS]
+    # The task id in the launcher's own argv (expanded by the harness, conformance/launch.py), the rest
+    # of the layout found where it runs: the controls run as a user's launcher does, with no spec.
+    words.append("--task={task_id}")
     if disable_userns:
         words.append("--disable-userns")
     words += list(control.launcher_args)

@@ -109,6 +109,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         self.host: plan.HostView | None = None
         self._daemon: socket.socket | None = None
         self._lifecycle: dict[str, Any] | None = None
+        self._terminal: dict[str, Any] | None = None
         self._host_sockets: tuple[str, ...] = ()
 
     # -- host side ------------------------------------------------------------------------------
@@ -575,6 +576,91 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             "timed_out": done.timed_out,
         }
 
+    def terminal(self) -> dict[str, Any]:
+        """The terminal promise's launch (made once, cached): the launcher's controlling terminal, and its
+        stderr, is a pseudo-terminal the harness holds, the way a user runs a sandbox from a shell;
+        the task tries to push a byte into its input (TIOCSTI), and the harness reads what arrived."""
+        if self._terminal is None:
+            self._terminal = self._terminal_launch()
+        return self._terminal
+
+    def _terminal_launch(self) -> dict[str, Any]:
+        import fcntl
+        import pty
+        import subprocess
+        import termios
+        import tty
+
+        from probes import cancel
+        from probes.run import kill_group
+
+        if self.layout is None or self.host is None:
+            raise HarnessError("witness session used outside its `with` block")
+        lay = self.layout
+        env, script = self._launcher_env(), self._script()
+        the_plan = plan.Plan(
+            task_id=lay.task_id,
+            ops=(),
+            tcp=(),
+            unix_abstract=(),
+            nested_userns=False,
+            launch_nonce=secrets.token_hex(8),
+            terminal=True,
+        )
+        program = plan.program(the_plan)
+        if script is not None:
+            plan.write_script(script, program)
+        master, slave = pty.openpty()
+        tty.setraw(slave)  # an injected byte is readable at once, not held back for a whole line
+        ioctl, set_ctty = fcntl.ioctl, termios.TIOCSCTTY  # bound here: the child must not import
+
+        def preexec() -> None:
+            ioctl(2, set_ctty, 0)  # after setsid (start_new_session): stderr becomes the controlling tty
+
+        timed_out = False
+        try:
+            proc = subprocess.Popen(
+                self.argv(script),
+                stdin=subprocess.DEVNULL if script is not None else subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=slave,
+                env=env,
+                cwd=str(lay.root),
+                start_new_session=True,
+                preexec_fn=preexec,
+                text=True,
+            )
+            cancel.track(proc.pid, signal.SIGTERM)
+            try:
+                out, _ = proc.communicate(None if script is not None else program, timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                kill_group(proc.pid)
+                out, _ = proc.communicate()
+            finally:
+                kill_group(proc.pid)  # and anything it left in its group
+                cancel.untrack(proc.pid)
+            os.set_blocking(slave, False)
+            os.set_blocking(master, False)
+            injected = _drain(slave)  # what reached the terminal's input
+            said = _drain(master)  # what the launch wrote to the terminal (its stderr)
+        finally:
+            os.close(master)
+            os.close(slave)
+        found: Any = None
+        for line in reversed((out or "").splitlines()):
+            if line.startswith("{") and '"terminal"' in line:
+                with contextlib.suppress(json.JSONDecodeError):
+                    found = json.loads(line).get("terminal")
+                    break
+        return {
+            "terminal": found,
+            "injected": injected.decode(errors="replace"),
+            "exit": proc.returncode,
+            "timed_out": timed_out,
+            "stderr": said.decode(errors="replace")[-500:],
+        }
+
     def _knocks(self) -> list[int]:
         """The host pids that connected to the planted daemon socket during the launch (accepted and
         closed here): SO_PEERCRED holds the connecting process's credentials as of connect(2)
@@ -589,6 +675,16 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
                 cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
                 pids.append(struct.unpack("3i", cred)[0])
         return pids
+
+
+def _drain(fd: int) -> bytes:
+    data = b""
+    with contextlib.suppress(BlockingIOError, OSError):
+        while chunk := os.read(fd, 4096):
+            data += chunk
+            if len(data) > 65536:
+                break
+    return data
 
 
 def _bind_long(sock: socket.socket, directory: Path, name: str) -> None:

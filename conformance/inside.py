@@ -857,6 +857,24 @@ def _connect_long(s: socket.socket, path: str) -> None:
         os.close(fd)
 
 
+def terminal_trials() -> "dict[str, object]":
+    # The launch's stderr is a terminal the harness holds, and the launcher's controlling terminal: the
+    # way a user runs a sandbox from a shell. TIOCSTI pushes a byte into that terminal's input, where
+    # the shell would read it as typed (bwrap CVE-2017-5226: no --new-session). The kernel allows it
+    # on the caller's controlling terminal only (drivers/tty/tty_io.c tiocsti), unless the host
+    # disabled it for everyone (dev.tty.legacy_tiocsti = 0, Linux 6.2).
+    import fcntl
+    import termios
+
+    out: dict[str, object] = {"isatty": os.isatty(2), "session_leader": os.getsid(0) == os.getpid()}
+    def push() -> None:
+        fcntl.ioctl(2, termios.TIOCSTI, b"#")
+
+    out["tiocsti"] = attempt(push)
+    out["dev_tty"] = attempt(lambda: os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)))
+    return out
+
+
 def reach(spec: "Mapping[str, Any]", fds: "Sequence[int]", doc: "dict[str, object]") -> None:
     key, masked = bytes.fromhex(spec.get("secret_key", "")), bytes.fromhex(spec.get("secret_masked", ""))
     secret = bytes(a ^ b for a, b in zip(masked, key))  # noqa: B905 - zip(strict=) is Python 3.10+
@@ -1031,6 +1049,8 @@ def main(plan: "Mapping[str, Any]") -> None:
     }
     if tagged:
         doc["handshake"] = {"error": tagged}
+    if plan.get("terminal"):
+        doc["terminal"] = observe(terminal_trials)
     doc["ops"] = [dict(op, result=observe(do_op, op)) for op in plan.get("ops", [])]
     doc["mountinfo"] = observe(mountinfo)
     doc["status"] = observe(status)

@@ -72,6 +72,8 @@ class Plan(NamedTuple):
     proxy: Mapping[str, Any] | None = None
     # What the task holds and reaches (see reach_plan), or None when the profile claims none of it.
     reach: Mapping[str, Any] | None = None
+    # The terminal launch: the task tries to inject input into the terminal it inherited.
+    terminal: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -87,6 +89,7 @@ class Plan(NamedTuple):
             "handshake_seconds": self.handshake_seconds,
             "proxy": dict(self.proxy) if self.proxy is not None else None,
             "reach": dict(self.reach) if self.reach is not None else None,
+            "terminal": self.terminal,
         }
 
 

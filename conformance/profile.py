@@ -33,7 +33,9 @@ REFERENCE_NAME = "reference"
 # The promises every profile makes without writing them down: what the task holds (descriptors) and
 # reaches (the launcher's secret anywhere, the host's kernel settings, device nodes, host unix sockets).
 # A sandbox that does not keep one says so, with the measured reason, in [promises] not_claimed.
-DEFAULT_PROMISES = ("descriptors", "secrets", "kernel_interfaces", "devices", "host_sockets", "lifecycle")
+DEFAULT_PROMISES = (
+    "descriptors", "secrets", "kernel_interfaces", "devices", "host_sockets", "lifecycle", "terminal"
+)
 
 
 class ProfileError(Exception):

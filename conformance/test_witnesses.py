@@ -845,6 +845,28 @@ def test_the_task_dies_with_its_launcher(sbxc_task: Task, sbxc_session: WitnessS
     )
 
 
+@witness("terminal")
+def test_the_task_cannot_type_into_the_terminal_it_was_started_from(
+    sbxc_task: Task, sbxc_session: WitnessSession
+) -> None:
+    # A third launch, from a pseudo-terminal the harness holds (the launcher's controlling terminal,
+    # the task's stderr), as a user runs a sandbox from a shell: the task must not be able to push
+    # input into it (TIOCSTI), which a shell would run as typed (bwrap CVE-2017-5226).
+    del sbxc_task
+    r = sbxc_session.terminal()
+    t = r.get("terminal")
+    assert isinstance(t, dict) and "error" not in t, (
+        f"the terminal launch gave no answer (exit {r.get('exit')}, timed out: {r.get('timed_out')}; "
+        f"said {r.get('stderr')!r}): {t}"
+    )
+    tiocsti = t.get("tiocsti") or {}
+    assert not tiocsti.get("ok") and not r.get("injected"), (
+        f"the task pushed input into the terminal it was started from: TIOCSTI {tiocsti}, the terminal "
+        f"read {r.get('injected')!r}; it holds /dev/tty: {t.get('dev_tty')}, session leader: "
+        f"{t.get('session_leader')}"
+    )
+
+
 # ---- what the task holds and reaches: descriptors, the secret anywhere, kernel settings, devices, sockets --
 # Every profile makes these promises unless it disclaims one ([promises] not_claimed). Each is judged
 # from both sides: what the task managed from inside, and what the host's kernel shows around it.

@@ -118,27 +118,39 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--leak-netns", action="store_true")
     p.add_argument("--bind-daemon-socket", action="store_true")
     p.add_argument("--seccomp-x86-64-only", action="store_true")
-    p.add_argument("--layout", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--task", metavar="TASK_ID")
     p.add_argument("--defeat", choices=("spec", "argv", "stdin", "names"))
     p.add_argument("--decoy", action="store_true")
     p.add_argument("--late-seccomp", action="store_true")
     args = p.parse_args(argv[:cut])
-    for item in args.layout:
-        key, _, value = item.partition("=")
-        _LAYOUT[key] = value
+    if args.task:
+        _LAYOUT.update(_layout_here(args.task))
     cmd = argv[cut + 1 :]
     if not cmd:
         raise SandboxSetupError("no command after --")
     return args, cmd
 
 
-_LAYOUT: dict[str, str] = {}  # --layout KEY=VALUE: the placeholders' values, from the launcher's argv
+_LAYOUT: dict[str, str] = {}  # the placeholders' values: see _layout_here
+
+
+def _layout_here(task_id: str) -> dict[str, str]:
+    """The layout's values from where the launcher runs (the layout's root, conformance/layout.py) and
+    the task id in its argv: a platform's sandbox knows its own paths, and the witness run gives this
+    one no task spec."""
+    from conformance.layout import USER, Layout
+
+    root = Path.cwd()
+    tasks = root / "state" / "users" / USER / "tasks"
+    others = [d.name for d in tasks.iterdir() if d.name != task_id]
+    if not (tasks / task_id).is_dir() or len(others) != 1:
+        raise SandboxSetupError(f"{root}: not a witness layout for task {task_id}")
+    return Layout(root, "", task_id, others[0], USER, os.getuid(), os.getgid()).values()
 
 
 def _spec() -> dict[str, object]:
-    """What this launcher needs of the task: the layout's values (given in its argv, the way a platform's
-    sandbox knows its own paths; the witness run gives it no spec) and what the reference profile sets
-    from them. The task spec itself where it is named instead."""
+    """What this launcher needs of the task: the layout's values (see _layout_here) and what the
+    reference profile sets from them; the task spec itself where it is named instead."""
     from conformance import profile
     from conformance.launch import SPEC_ENV
 
@@ -149,7 +161,7 @@ def _spec() -> dict[str, object]:
     name = os.environ.get(SPEC_ENV)
     if not name:
         raise SandboxSetupError(
-            f"no --layout and ${SPEC_ENV} is not set: run me as the witness suite's --launcher"
+            f"no --task and ${SPEC_ENV} is not set: run me as the witness suite's --launcher"
         )
     return dict(json.loads(Path(name).read_text()))
 
