@@ -22,6 +22,14 @@ PROPERTIES = (
     # ...and but /home, /root, /run/user, which `strict` leaves to ProtectHome= (default no: writable,
     # seen as write_surface BROKEN under systemd 252, tests/test_host_shape_lab.py).
     "ProtectHome=read-only",
+    # /proc/sys, /sys, /proc/sysrq-trigger read-only: ProtectSystem= leaves the API file systems alone,
+    # and a uid-0 task with no capabilities still opens the host's sysctls (mode 0644) for writing.
+    "ProtectKernelTunables=yes",
+    # The host's daemon sockets live in /run and /tmp (and the harness plants one beside the layout):
+    # a private /tmp, an empty read-only /run; the task's trees are bound back below.
+    "PrivateTmp=yes",
+    "TemporaryFileSystem=/run:ro",
+    "BindReadOnlyPaths={state}",
     # A private /dev (a tmpfs of the task's own with null, zero, random, tty...), not the host's
     # devtmpfs; systemd still binds the host's /dev/shm and /dev/hugepages into it, so those get a
     # tmpfs of their own / nothing.
