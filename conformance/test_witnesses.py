@@ -15,11 +15,13 @@ from typing import Any
 import pytest
 
 from conformance.harness import WitnessSession
+from conformance.launch import HarnessError
 from conformance.observer import Seen
 from conformance.plan import PLANT, WRITE, Task
 from conformance.plugin import Settings, settings
 from conformance.profile import Caps, NetworkMode, Profile, expand
 from probes import mountinfo
+from probes.cgroupfs import PROMISE_ENV
 
 witness = pytest.mark.witness
 PATH_FAMILIES: dict[str, tuple[str, Callable[[Profile], tuple[str, ...]]]] = {
@@ -781,6 +783,14 @@ cgroup = pytest.mark.cgroup
 def _leaf(task: Task, session: WitnessSession) -> dict[str, Any]:
     if task.cgroup is None:
         _, why = session.cgroup_root()
+        found = session.guard.get("cgroup.delegation")
+        if found is not None and found.facts.get("promised") and not found.ok:
+            # A set SANDBOX_CONFORMANCE_CGROUP_ROOT is a promise (STYLE.md 11): broken, it is a failure
+            # of the run, never a quiet skip. Only an unset variable is an honest skip.
+            raise HarnessError(
+                f"{PROMISE_ENV} is set but unusable, so no task got a cgroup leaf: {found.reason} "
+                f"(unset it to skip the cgroup witnesses instead)"
+            )
         pytest.skip(f"no cgroup leaf for the task: {why}")
     return dict(task.cgroup)
 
