@@ -145,8 +145,10 @@ def test_a_read_only_path_is_readable(sbxc_task: Task, read_only_path: str) -> N
     )
     for o in sbxc_task.plan.ops:
         if o["op"] == "read" and (o["path"] == path or os.path.dirname(o["path"]) == path):
-            with open(o["path"], errors="replace") as f:
-                host = f.read(4096)
+            # Bytes, as the task reads them (conformance/inside.py: 4096 bytes, then UTF-8 with
+            # replacement): text mode would read 4096 characters and turn CRLF into LF (issue 28).
+            with open(o["path"], "rb") as f:
+                host = f.read(4096).decode("utf-8", "replace")
             seen = sbxc_task.observed("read", o["path"])
             assert sbxc_task.value("read", o["path"]) == host, (
                 f"reading {o['path']} inside gave {seen}, not the host content"
