@@ -14,7 +14,7 @@ Exit 0 when no host broke a promise; 1 when one did (its run exited 1: a promise
 error), or with --require when any host did not pass (refused, unreachable, stopped, no report);
 2 for a DIR that is not a directory of host directories, with one line.
 
-Stdlib only, and importing nothing of the project's but probes.exits and probes.outputs: the
+Stdlib only, and importing nothing of the project's but probes.exits, inputs and outputs: the
 collection's playbook runs it on the controller as `python3 -m commands.cli fleet-report` from a bare
 checkout."""
 
@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from probes import outputs
+from probes import inputs, outputs
 from probes.exits import EXIT_FAIL, EXIT_OK, UsageError
 
 # A probe verdict in one matrix cell (probes/finding.py's Verdict values).
@@ -112,9 +112,13 @@ def _read_json(path: Path, notes: list[str]) -> Any:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(errors="replace"))
-    except (OSError, ValueError) as e:
+        # A regular file, read up to a bound (a FIFO would hang, /dev/zero fill memory: probes/inputs.py).
+        return json.loads(inputs.read_bytes(path).decode(errors="replace"))
+    except (inputs.InputError, OSError, ValueError) as e:
         notes.append(f"{path.name}: unreadable ({type(e).__name__}: {str(e)[:80]})")
+        return None
+    except RecursionError:  # a 100,000-deep array: json's recursive decoder gives up (issue 28)
+        notes.append(f"{path.name}: unreadable (nested too deeply)")
         return None
 
 
