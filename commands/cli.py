@@ -85,8 +85,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def empty_value(argv: Sequence[str]) -> str | None:
+    """The option given an empty value, as one line, or None. An empty string never means "the
+    default": in CI, `--profile "$PROFILE"` with the variable unset would test the embedded reference
+    profile and pass, `--expected-skips ''` would switch the skip gate off (issue 28). Words after
+    `--` are pytest's."""
+    for i, word in enumerate(argv):
+        if word == "--":
+            return None
+        if word.startswith("-") and word.endswith("=") and len(word) > 2:
+            return f"{word[:-1]}: expected a value, got an empty string"
+        if word == "":
+            before = argv[i - 1] if i and argv[i - 1].startswith("-") else None
+            return (f"{before}: expected a value, got an empty string" if before
+                    else "an empty argument: expected a value")
+    return None
+
+
 def _command(argv: list[str]) -> int:
-    args = build_parser(argv).parse_args(argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    empty = empty_value(argv)
+    if empty is not None:
+        print(f"sandbox-conformance {args.command}: {empty}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         try:
             if args.command not in STARTS_NOTHING:

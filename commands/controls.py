@@ -33,7 +33,7 @@ from conformance.controls_judge import ControlStatus, ControlVerdict, Result
 from conformance.render import PLAIN, Style
 from probes import owner
 from probes.cgroupfs import PROMISE_ENV
-from probes.exits import EXIT_FAIL, EXIT_OK, Refusal, UsageError, check_as_user
+from probes.exits import EXIT_FAIL, EXIT_OK, Refusal, UsageError, check_as_user, check_seconds
 from probes.run import Completed, Runner, minimal_env, run
 
 if TYPE_CHECKING:
@@ -212,10 +212,8 @@ def _choose(only: str | None) -> tuple[list[Control], bool]:
 def _validate(args: argparse.Namespace) -> None:
     if args.jobs < 1:
         raise UsageError("--jobs: expected at least 1")
-    if args.timeout <= 0:
-        raise UsageError("--timeout: expected a positive number of seconds")
-    if args.launch_timeout <= 0:
-        raise UsageError("--launch-timeout: expected a positive number of seconds")
+    check_seconds("--timeout", args.timeout)
+    check_seconds("--launch-timeout", args.launch_timeout)
     if args.launch_timeout >= args.timeout:
         raise UsageError(f"--launch-timeout {args.launch_timeout:g} must be below --timeout {args.timeout:g} "
                          "(a witness run is at least one launch)")

@@ -14,14 +14,16 @@ Exit 0 when no host broke a promise; 1 when one did (its run exited 1: a promise
 error), or with --require when any host did not pass (refused, unreachable, stopped, no report);
 2 for a DIR that is not a directory of host directories, with one line.
 
-Stdlib only, and importing nothing of the project's but probes.exits: the collection's playbook
-runs it on the controller as `python3 -m commands.cli fleet-report` from a bare checkout."""
+Stdlib only, and importing nothing of the project's but probes.exits, inputs and outputs: the
+collection's playbook runs it on the controller as `python3 -m commands.cli fleet-report` from a bare
+checkout."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import os
 import re
 import sys
 import xml.etree.ElementTree as ET
@@ -29,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from probes import inputs, outputs
 from probes.exits import EXIT_FAIL, EXIT_OK, UsageError
 
 # A probe verdict in one matrix cell (probes/finding.py's Verdict values).
@@ -109,9 +112,13 @@ def _read_json(path: Path, notes: list[str]) -> Any:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(errors="replace"))
-    except (OSError, ValueError) as e:
+        # A regular file, read up to a bound (a FIFO would hang, /dev/zero fill memory: probes/inputs.py).
+        return json.loads(inputs.read_bytes(path).decode(errors="replace"))
+    except (inputs.InputError, OSError, ValueError) as e:
         notes.append(f"{path.name}: unreadable ({type(e).__name__}: {str(e)[:80]})")
+        return None
+    except RecursionError:  # a 100,000-deep array: json's recursive decoder gives up (issue 28)
+        notes.append(f"{path.name}: unreadable (nested too deeply)")
         return None
 
 
@@ -402,7 +409,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="exit 1 when any host did not pass (refused, unreachable, stopped, no report)")
 
 
+def _host_dir_holding(path: str, reports: str) -> Path | None:
+    """The host directory of `reports` that `path` is in (or is), or None. The playbook writes the table
+    and the JUnit directory beside the host directories (DIR/fleet.md, DIR/junit): that is fine; a file
+    written into a host's directory would replace its report or be read as one next time."""
+    real, base = Path(os.path.realpath(path)), Path(os.path.realpath(reports))
+    if not real.is_relative_to(base) or real == base:
+        return None
+    top = base / real.relative_to(base).parts[0]
+    return top if top.is_dir() and _is_host_dir(top) else None
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Before any report is read: an output is a file we can replace, and none lands in a host's
+    directory."""
+    if args.output is not None:
+        outputs.check_target("--output", args.output)
+        host = _host_dir_holding(args.output, args.dir)
+        if host is not None:
+            raise UsageError(f"--output {args.output}: inside the host directory {host}: it would replace "
+                             "or join the reports it is made from")
+    if args.junit_dir is not None:
+        if args.junit_dir == "":
+            raise UsageError("--junit-dir: expected a directory, got an empty string")
+        host = _host_dir_holding(args.junit_dir, args.dir)
+        if host is not None:
+            raise UsageError(f"--junit-dir {args.junit_dir}: inside the host directory {host}")
+        if os.path.exists(args.junit_dir) and not os.path.isdir(args.junit_dir):
+            raise UsageError(f"--junit-dir {args.junit_dir}: not a directory")
+
+
 def main(args: argparse.Namespace) -> int:
+    _check_outputs(args)
     fleet = load(Path(args.dir))
     text = render(fleet, args.format)
     if args.junit_dir:
@@ -410,12 +448,12 @@ def main(args: argparse.Namespace) -> int:
         try:
             out.mkdir(parents=True, exist_ok=True)
             for h in fleet.hosts:
-                (out / _junit_name(h.name)).write_text(junit(h))
+                outputs.write_text(out / _junit_name(h.name), junit(h))
         except OSError as e:
             raise UsageError(f"--junit-dir {out}: {e.strerror or e}") from None
     if args.output:
         try:
-            Path(args.output).write_text(text)
+            outputs.write_text(args.output, text)
         except OSError as e:
             raise UsageError(f"--output {args.output}: {e.strerror or e}") from None
     else:

@@ -152,7 +152,7 @@ def main(args: argparse.Namespace) -> int:
     only = _ids(args.only, "--only") or None
     if only is not None:
         only = sorted(set(only) | set(required))
-    check_as_user(args.as_user, how="it switches user with setpriv")
+    check_as_user(args.as_user, how="it switches user with setpriv", group_by_name=False)
     # Their ladder and ours are independent: both at once.
     theirs_task = _collect_as_user(only, args.as_user) if args.as_user else None
     findings = collect(Host(), only)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from conformance import output
 from conformance.render import Format, refusal_markdown
-from probes import cancel
+from probes import cancel, inputs, outputs
 from probes.collect import collect
 from probes.exits import (
     EXIT_FAIL,
@@ -32,7 +32,8 @@ from probes.exits import (
     EXIT_USAGE,
     VERDICT_WORDS,
     UsageError,
-    check_writable,
+    check_seconds,
+    group_problem,
 )
 from probes.finding import Finding
 from probes.host import Host
@@ -79,26 +80,42 @@ def _request(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Requ
 
 def _validate(args: argparse.Namespace, request: Request) -> None:
     for flag, path in (("--profile", args.profile), ("--expected-skips", args.expected_skips)):
-        if path is not None and not os.path.isfile(path):
-            raise UsageError(f"{flag} {path}: no such file")
+        if path is not None:
+            try:
+                inputs.read_bytes(path)  # a regular file within bounds (probes/inputs.py)
+            except inputs.InputError as e:
+                raise UsageError(f"{flag} {path}: {e}") from None
     if args.as_user is not None:
         if request.mode is Mode.container:
             raise UsageError("--as-user: container mode already runs the suite as root and as its own "
                              "unprivileged user")
         try:
-            pwd.getpwnam(args.as_user)
+            user = pwd.getpwnam(args.as_user)
         except KeyError:
             raise UsageError(f"--as-user: no such user {args.as_user!r}") from None
-    if args.timeout <= 0:
-        raise UsageError("--timeout: expected a positive number of seconds")
+        problem = group_problem(user)
+        if problem:
+            raise UsageError(f"--as-user {args.as_user}: {problem}")
+    check_seconds("--timeout", args.timeout)
     output.check_arguments(args)  # --format, -v, --log: the witness command's own rules
     if args.verdict_json == "-":
         raise UsageError(f"{run_verdict.FLAG}: a file, not '-' (stdout carries the suite's own output)")
     for flag, value in (("--junitxml", args.junitxml), ("--json", args.json),
                         (run_verdict.FLAG, args.verdict_json)):
-        if value is not None and value != "-":
+        if value is not None:
             # The witness command's own check, before anything is probed or launched here.
-            check_writable(flag, value)
+            outputs.check_target(flag, value, stdout_ok=flag == "--json")
+    _check_distinct(args)
+
+
+def _check_distinct(args: argparse.Namespace) -> None:
+    """No output replaces an input or another output (probes/outputs.py)."""
+    outputs.check_distinct(
+        [("--json", args.json), ("--junitxml", args.junitxml), ("--log", args.log),
+         (run_verdict.FLAG, args.verdict_json)],
+        [("--profile", args.profile), ("--expected-skips", args.expected_skips),
+         ("--launcher", outputs.launcher_file(args.launcher))],
+    )
 
 
 def render(decision: Decision, requested: Mode) -> list[str]:
@@ -197,12 +214,13 @@ def findings_for(host: Host) -> list[Finding]:
     return collect(host, only=NEEDED)
 
 
-def _writable(value: str | None) -> str | None:
+def _writable(args: argparse.Namespace, value: str | None) -> str | None:
     """--verdict-json's FILE when it can be written (else _validate says why, and no document is)."""
     if value is None or value == "-":
         return None
     try:
-        check_writable(run_verdict.FLAG, value)
+        outputs.check_target(run_verdict.FLAG, value)
+        _check_distinct(args)  # a document written onto an input would replace it, even to say why not
     except UsageError:
         return None
     return value
@@ -214,7 +232,7 @@ def main(args: argparse.Namespace) -> int:
         # The environment form (mr-check's: a path in our argv would be a dead owner's directory that
         # a sweep kills us for naming, probes/owner.py kill_naming); checked as the option is.
         args.verdict_json = os.environ.get(run_verdict.ENV) or None
-    verdict = _Verdict(requested, _writable(args.verdict_json))
+    verdict = _Verdict(requested, _writable(args, args.verdict_json))
     try:
         return _main(args, verdict)
     except cancel.Cancelled as e:

@@ -28,7 +28,7 @@ from conformance.settings import Settings
 if TYPE_CHECKING:
     from conformance.harness import WitnessSession
     from conformance.plan import Task
-from probes import cancel, owner
+from probes import cancel, outputs, owner
 from probes.exits import (
     EXIT_FAIL,
     EXIT_OK,
@@ -36,7 +36,6 @@ from probes.exits import (
     Refusal,
     UsageError,
     check_as_user,
-    check_writable,
 )
 from probes.host import Host
 
@@ -255,8 +254,14 @@ def _validate(args: argparse.Namespace) -> Settings:
         # Our adapters build the tool's configuration from the spec and hand stdin to the tool.
         args.launcher_spec = args.launcher_stdin = True
     for flag, value in (("--junitxml", args.junitxml), ("--json", args.json)):
-        if value is not None and value != "-":
-            check_writable(flag, value)
+        if value is not None:
+            outputs.check_target(flag, value, stdout_ok=flag == "--json")
+    # No report may replace an input or another report (issue 28: `--json` onto the profile).
+    outputs.check_distinct(
+        [("--json", args.json), ("--junitxml", args.junitxml), ("--log", getattr(args, "log", None))],
+        [("--profile", profile), ("--expected-skips", args.expected_skips),
+         ("--launcher", outputs.launcher_file(launcher))],
+    )
     check_as_user(args.as_user)
     try:
         return settings_mod.build(
@@ -390,10 +395,11 @@ def _main(args: argparse.Namespace, out: output.WitnessOutput,
         return _session(args, out, settings, session)
 
 
-def _pytest_argv(args: argparse.Namespace) -> list[str]:
+def _pytest_argv(args: argparse.Namespace, junit: Path | None = None) -> list[str]:
     """pytest's arguments for the witness session: the witness module, the plugins it needs and no
     others, no ini file of the caller's, per-test timeouts above the per-launch one, then the user's
-    own arguments after `--`."""
+    own arguments after `--`. `junit`: where pytest writes the JUnit XML (a temporary file beside
+    --junitxml's, renamed into place once the run is over: outputs.commit)."""
     extra = list(args.pytest_args or [])
     if extra[:1] == ["--"]:
         extra = extra[1:]
@@ -425,7 +431,7 @@ def _pytest_argv(args: argparse.Namespace) -> list[str]:
         "-rfEs",
     ]
     if args.junitxml:
-        argv += ["--junitxml", str(Path(args.junitxml).resolve())]
+        argv += ["--junitxml", str(junit or Path(args.junitxml).resolve())]
     argv += extra
 
     return argv
@@ -479,13 +485,25 @@ def _document(args: argparse.Namespace, settings: Settings, code: int, rc: int,
 
 def _session(args: argparse.Namespace, out: output.WitnessOutput, settings: Settings,
              session: WitnessSession) -> int:
+    # pytest writes the JUnit XML to a file beside --junitxml's, renamed over it once the run is over:
+    # a reader never sees half of one, and a run that fails to write it keeps the previous one.
+    junit = outputs.temp_beside(args.junitxml) if args.junitxml else None
+    try:
+        return _pytest_session(args, out, settings, session, junit)
+    finally:
+        if junit is not None:
+            junit.unlink(missing_ok=True)
+
+
+def _pytest_session(args: argparse.Namespace, out: output.WitnessOutput, settings: Settings,
+                    session: WitnessSession, junit: Path | None) -> int:
     prof = settings.profile
     launcher = settings.launcher if settings.launcher.kind is not LauncherKind.reference else None
     import pytest
 
     from conformance import plugin
 
-    argv = _pytest_argv(args)
+    argv = _pytest_argv(args, junit)
 
     collector = _Collector()
     # The settings were built and checked above: the plugin takes them as they are (plugin.Preset)
@@ -543,13 +561,37 @@ def _session(args: argparse.Namespace, out: output.WitnessOutput, settings: Sett
     )
     problems = [f"expected skips: {skip_problem}"] if skip_problem else []
     problems += harness[:1]  # "harness error: <launcher>: what went wrong"
-    out.report(lines, problems=problems, head=head, word="PASS" if code == EXIT_OK else "FAIL", tail=tail)
+    # The reports go to their files before the verdict is printed: one that cannot be written (a full
+    # disk, EIO) is a failure the summary says, never a traceback after a PASS.
+    written = ""
+    if junit is not None:
+        written = _commit_junit(junit, args.junitxml, rc)
+    text = None
     if args.json:
         tasks = plugin.tasks(config) if config is not None else []
         doc = _document(args, settings, code, rc, lines, results, skip_problem, tasks, launcher_name)
         text = json.dumps(doc, indent=2, default=str)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text + "\n")
+        if args.json != "-" and not written:
+            try:
+                outputs.write_text(args.json, text + "\n")
+            except OSError as e:
+                written = f"--json {args.json}: not written: {e.strerror or e}"
+    if written:
+        problems.append(written)
+        code = EXIT_FAIL
+    out.report(lines, problems=problems, head=head, word="PASS" if code == EXIT_OK else "FAIL", tail=tail)
+    if text is not None and args.json == "-":
+        print(text)
     return code
+
+
+def _commit_junit(junit: Path, target: str, rc: int) -> str:
+    """pytest's JUnit XML renamed into place; what went wrong instead, or "". pytest says nothing when
+    it cannot write it: an empty file, or its internal error (exit 3), is a report not written."""
+    try:
+        if rc == 3 or junit.stat().st_size == 0:
+            return f"--junitxml {target}: not written (pytest could not write it: its report says why)"
+        outputs.commit(junit, target)
+    except OSError as e:
+        return f"--junitxml {target}: not written: {e.strerror or e}"
+    return ""

@@ -27,7 +27,8 @@ from typing import Any, NamedTuple, TextIO
 
 from conformance import render
 from conformance.render import Format, Row, Style
-from probes.exits import EXIT_OK, EXIT_USAGE, UsageError, check_writable
+from probes.exits import EXIT_OK, EXIT_USAGE, UsageError
+from probes.outputs import check_target
 
 KEEP = 20
 PROG = "sandbox-conformance witness"
@@ -59,7 +60,7 @@ def check_arguments(args: Any) -> None:
     if getattr(args, "json", None) == "-" and args.format not in (None, Format.auto, Format.lines):
         raise UsageError(f"--json - prints the JSON report on stdout: no --format {args.format} beside it")
     if args.log is not None:
-        check_writable("--log", args.log)
+        check_target("--log", args.log)
 
 
 # ---- the log directory ------------------------------------------------------------------------------

@@ -7,6 +7,9 @@ drop a promise, because a promise not made is a promise not tested."""
 from __future__ import annotations
 
 import enum
+import errno as errno_mod
+import os
+import posixpath
 import re
 import string
 import tomllib
@@ -15,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from probes import inputs
 from probes.finding import EMPTY
 
 # The placeholders a profile path (and an external launcher prefix) may use; conformance/layout.py
@@ -265,13 +269,20 @@ _SCHEMA: dict[str, frozenset[str]] = {
     "devices": frozenset({"allow"}),
     "promises": frozenset({"not_claimed"}),
 }
-_SIZE = re.compile(r"^(\d+)([KMGT]?)$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_ERRNO = re.compile(r"^E[A-Z0-9]+$")
+# Anchored with \Z, never $: `$` also matches before a trailing newline, so "EROFS\n" or "PATH\n" would
+# pass (issue 28).
+_SIZE = re.compile(r"^(\d+)([KMGT]?)\Z")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_ERRNO = re.compile(r"^E[A-Z0-9]+\Z")
 # A name a proxy allowlist can hold: DNS labels (RFC 1123), or an IPv4 literal. No port and no
 # wildcard: the suite must serve, and then reach, exactly this name.
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
+_HOSTNAME = re.compile(rf"^(?=.{{1,253}}\Z){_LABEL}(\.{_LABEL})*\Z")
+# A known placeholder, as expand() replaces it; any other brace in a path or a value is an error.
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+# sethostname(2): at most HOST_NAME_MAX (64) bytes; a file name at most NAME_MAX (255) bytes.
+HOST_NAME_MAX = 64
+NAME_MAX = 255
 
 
 # `fail`'s "no value to show": any value given, a falsy one too, is shown.
@@ -296,12 +307,20 @@ class _Reader:
                 raise self.fail(f"{name}.{key}", f"one of {', '.join(sorted(_SCHEMA[name]))} (unknown key)")
         return sec
 
+    def placeholders(self, key: str, value: str) -> None:
+        """Only known `{name}`s; a `{` or `}` anywhere else is an error (string.Formatter's parse raised
+        ValueError on a lone `}`: a traceback, issue 28)."""
+        unknown = [m.group(1) for m in _PLACEHOLDER.finditer(value) if m.group(1) not in PLACEHOLDERS]
+        if unknown or re.search(r"[{}]", _PLACEHOLDER.sub("", value)):
+            raise self.fail(key, f"placeholders among {{{'}, {'.join(PLACEHOLDERS)}}} (and no other brace)",
+                            value)
+
     def path(self, key: str, value: Any) -> str:
         if not isinstance(value, str) or not value:
             raise self.fail(key, "a non-empty path string", value)
-        unknown = [p for p in placeholders_in(value) if p not in PLACEHOLDERS]
-        if unknown or re.search(r"\{[^}]*[^a-z_}][^}]*\}", value):
-            raise self.fail(key, f"placeholders among {{{'}, {'.join(PLACEHOLDERS)}}}", value)
+        if "\0" in value or "\n" in value:
+            raise self.fail(key, "a path without NUL or newline", value)
+        self.placeholders(key, value)
         if not value.startswith(("/", "{")):
             raise self.fail(key, "an absolute path (or one starting with a placeholder)", value)
         if ".." in Path(value).parts:
@@ -325,7 +344,7 @@ class _Reader:
         return value
 
     def text(self, key: str, value: Any) -> str:
-        if not isinstance(value, str) or not value or "\n" in value:
+        if not isinstance(value, str) or not value or "\n" in value or "\0" in value:
             raise self.fail(key, "a non-empty one-line string", value)
         return value
 
@@ -336,6 +355,11 @@ class _Reader:
             or not all(isinstance(x, str) and _ERRNO.match(x) for x in value)
         ):
             raise self.fail(key, f"a non-empty list of errno names {example}", value)
+        # A name errno(3) does not know can never be what a refusal carries: the promise could never
+        # be kept.
+        unknown = [x for x in value if not isinstance(getattr(errno_mod, x, None), int)]
+        if unknown:
+            raise self.fail(key, f"errno names this system knows {example}", unknown[0])
         return tuple(value)
 
     def inits(self, key: str, value: Any) -> tuple[str, ...]:
@@ -386,15 +410,19 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
     )
     if filesystem.refuse != STRICT_REFUSAL and not (filesystem.read_only or filesystem.masked):
         raise r.fail("filesystem.refuse", "filesystem.read_only or filesystem.masked (the writes it judges)")
-    claimed: dict[str, str] = {}
-    for kind in ("masked", "absent", "hidden", "writable"):
+    # One promise per path, compared normalised: `{state}/db`, `{state}/db/` and `{state}//db` are one
+    # path, and read_only beside writable (or masked, absent, hidden) promises two things at once.
+    claimed: dict[str, tuple[str, str]] = {}
+    for kind in ("masked", "absent", "hidden", "writable", "read_only"):
         for path in getattr(filesystem, kind):
-            if path in claimed:
+            norm = posixpath.normpath(path)
+            if norm in claimed:
+                other_kind, other = claimed[norm]
                 raise r.fail(
                     f"filesystem.{kind}",
-                    f"one promise per path ({path} is already filesystem.{claimed[path]})",
+                    f"one promise per path ({path} is already filesystem.{other_kind} as {other})",
                 )
-            claimed[path] = kind
+            claimed[norm] = (kind, path)
 
     t = r.section("task")
     control_files: tuple[str, ...] = ()
@@ -403,9 +431,11 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
         if (
             not isinstance(cf, list)
             or not cf
-            or not all(isinstance(f, str) and f and "/" not in f and f not in (".", "..") for f in cf)
+            or not all(isinstance(f, str) and f and "/" not in f and "\0" not in f and f not in (".", "..")
+                       and len(os.fsencode(f)) <= NAME_MAX for f in cf)
         ):
-            raise r.fail("task.control_files", "a non-empty list of plain file names", cf)
+            raise r.fail("task.control_files",
+                         f"a non-empty list of plain file names (no NUL, at most {NAME_MAX} bytes each)", cf)
         if "control" not in t:
             raise r.fail("task.control_files", "task.control to be set too")
         control_files = tuple(cf)
@@ -465,6 +495,9 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
         **{k: r.choice(f"namespaces.{k}", ns[k], Sharing) for k in ("pid", "ipc", "uts") if k in ns},
         hostname=r.text("namespaces.hostname", ns["hostname"]) if "hostname" in ns else None,
     )
+    if namespaces.hostname and len(namespaces.hostname.encode()) > HOST_NAME_MAX:
+        raise r.fail("namespaces.hostname", f"at most {HOST_NAME_MAX} bytes (sethostname(2))",
+                     namespaces.hostname)
     if namespaces.hostname and namespaces.uts is not Sharing.private:
         raise r.fail(
             "namespaces.hostname", 'namespaces.uts = "private" (a hostname needs its own uts namespace)'
@@ -500,9 +533,9 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
                 raise r.fail(f"environment.set.{k}", "a variable name with a string value", v)
             if allow is not None and k not in allow:
                 raise r.fail(f"environment.set.{k}", "a key listed in environment.allow")
-            bad = [x for x in placeholders_in(v) if x not in PLACEHOLDERS]
-            if bad:
-                raise r.fail(f"environment.set.{k}", f"placeholders among {{{'}, {'.join(PLACEHOLDERS)}}}", v)
+            if "\0" in v:
+                raise r.fail(f"environment.set.{k}", "a value without NUL (no environment holds one)", v)
+            r.placeholders(f"environment.set.{k}", v)
             env_set[k] = v
     environment = Environment(allow=allow, set=env_set)
 
@@ -540,17 +573,15 @@ def load(path: str | Path | None = None) -> Profile:
         return parse(tomllib.loads(ref.read_text()), f"<embedded {REFERENCE_NAME}.toml>")
     file = str(path)
     try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise ProfileError(file, "(file)", "an existing profile file (no such file)") from None
-    except IsADirectoryError:
-        raise ProfileError(file, "(file)", "a file, not a directory") from None
-    except PermissionError:
-        raise ProfileError(file, "(file)", "a readable file (permission denied)") from None
-    except UnicodeDecodeError:
-        raise ProfileError(file, "(file)", "UTF-8 text") from None
+        # A regular file, read up to a bound: a FIFO, /dev/zero or a symlink loop is one line, never a
+        # hang or a traceback (probes/inputs.py).
+        text = inputs.read_text(path)
+    except inputs.InputError as e:
+        raise ProfileError(file, "(file)", f"a readable profile file ({e})") from None
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ProfileError(file, "(syntax)", f"valid TOML: {e}") from None
+    except RecursionError:  # nesting deep enough to exhaust the parser's stack
+        raise ProfileError(file, "(syntax)", "TOML nested less deeply") from None
     return parse(doc, file)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
+import shutil
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import NamedTuple
@@ -17,7 +20,11 @@ from conformance import bwrap_argv
 from conformance import profile as profile_mod
 from conformance.handover import handed_down
 from conformance.launch import REFERENCE, Launcher, LauncherKind, external
+from probes import inputs
+from probes.cgroupfs import statfs_magic
+from probes.exits import MAX_SECONDS, seconds_ok
 from probes.finding import EMPTY, Finding
+from probes.run import DEFAULT_PATH
 
 REQUIRE_ENV = "SANDBOX_CONFORMANCE_REQUIRE"
 # A name a launcher's environment may carry: what a shell accepts as a variable name.
@@ -59,7 +66,7 @@ def read_expected_skips(path: str | Path) -> dict[str, str]:
     """`test id | reason` per line, '#' comments. Ids are compared by their part after the last
     '::', so the same file works whatever pytest's rootdir makes of the module's path."""
     out: dict[str, str] = {}
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for n, line in enumerate(inputs.read_text(path).splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
@@ -84,6 +91,37 @@ def parse_launcher_env(items: Iterable[str]) -> dict[str, str]:
     return out
 
 
+def check_seconds(flag: str, seconds: float) -> float:
+    """A finite, positive number of seconds, at most a day (probes/exits.py seconds_ok)."""
+    if not seconds_ok(seconds):
+        raise SettingsError(f"{flag} {seconds:g}: expected a positive number of seconds, at most "
+                            f"{MAX_SECONDS:g}")
+    return seconds
+
+
+# statfs(2) f_type of filesystems that hold no files of ours (include/uapi/linux/magic.h).
+_PSEUDO = {0x9FA0: "procfs", 0x62656572: "sysfs", 0x63677270: "cgroup2", 0x27E0EB: "cgroup",
+           0x64626720: "debugfs", 0x74726163: "tracefs", 0x73636673: "securityfs", 0xCAFE4A11: "bpf"}
+
+
+def check_launcher_program(prefix: str, path: str) -> None:
+    """The program a launcher prefix runs exists: an absolute path, or a name on the PATH the launcher
+    gets (probes/run.py minimal_env). Otherwise every launch would be a harness error (exit 1) where
+    `./nonexistent` is already exit 2 (conformance/launch.py external). A word with a placeholder is
+    only known at launch."""
+    words = shlex.split(prefix)  # external() split it already
+    first = words[0] if words else ""
+    if not first or "{" in first:
+        return
+    if os.path.isabs(first):
+        if not os.path.exists(first):
+            raise SettingsError(f"--launcher: {first}: no such file")
+        if not os.access(first, os.X_OK) or os.path.isdir(first):
+            raise SettingsError(f"--launcher: {first}: not an executable file")
+    elif "/" not in first and shutil.which(first, path=path) is None:
+        raise SettingsError(f"--launcher: {first}: not found on the launcher's PATH ({path})")
+
+
 def check_layout_root(path: str) -> str:
     """An existing directory we can create in, as an absolute path (the launch runs elsewhere)."""
     where = os.path.abspath(path)
@@ -91,6 +129,15 @@ def check_layout_root(path: str) -> str:
         raise SettingsError(f"--layout-root {path}: no such directory")
     if not os.access(where, os.W_OK | os.X_OK):
         raise SettingsError(f"--layout-root {path}: not writable by this user")
+    kind = _PSEUDO.get(statfs_magic(Path(where)) or 0)
+    if kind is not None:
+        # mkdir there fails (procfs) or makes something else than a directory of files (a cgroup).
+        raise SettingsError(f"--layout-root {path}: a {kind} mount, not a filesystem for a task's files")
+    try:
+        # Tried, not assumed: root passes access(2) on /proc, where every mkdir fails.
+        os.rmdir(tempfile.mkdtemp(prefix=".sbxc-layout-check-", dir=where))
+    except OSError as e:
+        raise SettingsError(f"--layout-root {path}: cannot create a directory there: {e.strerror}") from None
     return where
 
 
@@ -112,8 +159,13 @@ def build(
     launcher_stdin: bool = False,
 ) -> Settings:
     environ = os.environ if environ is None else environ
+    # An empty value is a mistake (an unset variable in CI), never "the default" (issue 28).
+    for flag, value in (("--profile", profile), ("--expected-skips", expected_skips),
+                        ("--layout-root", layout_root), ("--as-user", as_user), ("--timeout", timeout)):
+        if value == "":
+            raise SettingsError(f"{flag}: expected a value, got an empty string")
     try:
-        prof = profile_mod.load(profile or None)
+        prof = profile_mod.load(profile)
     except profile_mod.ProfileError as e:
         raise SettingsError(str(e)) from None
     if not prof.promises():
@@ -125,6 +177,9 @@ def build(
             lau = external(launcher, spec=launcher_spec, stdin=launcher_stdin)
     except ValueError as e:
         raise SettingsError(str(e)) from None
+    env_extra = parse_launcher_env(launcher_env)
+    if lau.kind is LauncherKind.external and lau.prefix:
+        check_launcher_program(lau.prefix, env_extra.get("PATH") or environ.get("PATH") or DEFAULT_PATH)
     perturbations = frozenset(perturb)
     unknown = perturbations - set(bwrap_argv.PERTURBATIONS)
     if unknown:
@@ -134,17 +189,16 @@ def build(
     if perturbations and lau.kind is not LauncherKind.reference:
         raise SettingsError("--perturb applies to the reference launcher only, not with --launcher")
     try:
-        expected = read_expected_skips(expected_skips) if expected_skips else None
-    except (FileNotFoundError, IsADirectoryError):
-        raise SettingsError(f"--expected-skips: {expected_skips}: no such file") from None
+        expected = read_expected_skips(expected_skips) if expected_skips is not None else None
+    except inputs.InputError as e:  # a FIFO, /dev/zero, a loop: one line, never a hang (probes/inputs.py)
+        raise SettingsError(f"--expected-skips {expected_skips}: {e}") from None
     except (OSError, ValueError) as e:
         raise SettingsError(f"--expected-skips: {e}") from None
     try:
-        seconds = float(timeout) if timeout not in (None, "") else 30.0
+        seconds = float(timeout) if timeout is not None else 30.0
     except ValueError:
         raise SettingsError(f"--timeout {timeout!r}: expected a number of seconds") from None
-    if seconds <= 0:
-        raise SettingsError("--timeout: expected a positive number of seconds")
+    seconds = check_seconds("--timeout", seconds)
     if host_cannot_observe is not None and not host_cannot_observe.strip():
         raise SettingsError("--host-cannot-observe: say why the host cannot see the task")
     return Settings(
@@ -157,7 +211,7 @@ def build(
         expected_skips=expected,
         host_cannot_observe=host_cannot_observe,
         harness_leaf=harness_leaf,
-        launcher_env=parse_launcher_env(launcher_env),
+        launcher_env=env_extra,
         layout_root=check_layout_root(layout_root) if layout_root is not None else None,
         guard=handed_down(as_user, environ),
     )

@@ -15,11 +15,13 @@ from typing import Any
 import pytest
 
 from conformance.harness import WitnessSession
+from conformance.launch import HarnessError
 from conformance.observer import Seen
 from conformance.plan import PLANT, WRITE, Task
 from conformance.plugin import Settings, settings
 from conformance.profile import Caps, NetworkMode, Profile, expand
 from probes import mountinfo
+from probes.cgroupfs import PROMISE_ENV
 
 witness = pytest.mark.witness
 PATH_FAMILIES: dict[str, tuple[str, Callable[[Profile], tuple[str, ...]]]] = {
@@ -147,8 +149,10 @@ def test_a_read_only_path_is_readable(sbxc_task: Task, read_only_path: str) -> N
     )
     for o in sbxc_task.plan.ops:
         if o["op"] == "read" and (o["path"] == path or os.path.dirname(o["path"]) == path):
-            with open(o["path"], errors="replace") as f:
-                host = f.read(4096)
+            # Bytes, as the task reads them (conformance/inside.py: 4096 bytes, then UTF-8 with
+            # replacement): text mode would read 4096 characters and turn CRLF into LF (issue 28).
+            with open(o["path"], "rb") as f:
+                host = f.read(4096).decode("utf-8", "replace")
             seen = sbxc_task.observed("read", o["path"])
             assert sbxc_task.value("read", o["path"]) == host, (
                 f"reading {o['path']} inside gave {seen}, not the host content"
@@ -993,6 +997,14 @@ cgroup = pytest.mark.cgroup
 def _leaf(task: Task, session: WitnessSession) -> dict[str, Any]:
     if task.cgroup is None:
         _, why = session.cgroup_root()
+        found = session.guard.get("cgroup.delegation")
+        if found is not None and found.facts.get("promised") and not found.ok:
+            # A set SANDBOX_CONFORMANCE_CGROUP_ROOT is a promise (STYLE.md 11): broken, it is a failure
+            # of the run, never a quiet skip. Only an unset variable is an honest skip.
+            raise HarnessError(
+                f"{PROMISE_ENV} is set but unusable, so no task got a cgroup leaf: {found.reason} "
+                f"(unset it to skip the cgroup witnesses instead)"
+            )
         pytest.skip(f"no cgroup leaf for the task: {why}")
     return dict(task.cgroup)
 

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from mrcheck.globs import GlobError, compile_glob, dead_glob_hint
+from probes import inputs
+from probes.exits import seconds_ok
 
 TABLE = "tool.sandbox-conformance"
 DEFAULT_TIMEOUT = 1800.0  # seconds: a whole witness run in container mode builds an image first
@@ -160,8 +162,9 @@ def parse_tier(raw: Any, where: str) -> Tier:
         except GlobError as e:
             raise ConfigError(f"{where}.globs[{i}]: {e}") from None
     timeout = raw.get("timeout", DEFAULT_TIMEOUT)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise ConfigError(f"{where}.timeout: expected a positive number of seconds, got {timeout!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not seconds_ok(timeout):
+        raise ConfigError(f"{where}.timeout: expected a positive number of seconds (at most a day), "
+                          f"got {timeout!r}")
     prepare = _prepare(raw["prepare"], f"{where}.prepare") if "prepare" in raw else ()
 
     run = raw["run"]
@@ -249,20 +252,24 @@ def parse(doc: Mapping[str, Any], source: Path, *, whole_file: bool) -> Config:
 def load(root: Path, config: Path | None) -> Config:
     """The repository's pyproject.toml, or the file named by --config (relative to the working directory)."""
     path = config if config is not None else root / "pyproject.toml"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         if config is not None:
-            raise ConfigError(f"--config {config}: no such file") from None
+            raise ConfigError(f"--config {config}: no such file")
         raise MissingConfig(
             f"{path}: no such file: add a pyproject.toml with [[{TABLE}.tiers]] (name, globs, run) "
-            f"or pass --config FILE") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+            f"or pass --config FILE")
+    try:
+        # A regular file, read up to a bound: a FIFO, /dev/zero or a symlink loop is one line, never a
+        # hang or a traceback (probes/inputs.py).
+        text = inputs.read_text(path)
+    except inputs.InputError as e:
         raise ConfigError(f"{path}: cannot read: {e}") from None
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
     return parse(doc, path, whole_file=config is not None)
 
 

@@ -3,11 +3,12 @@ turns them into exit 2 and 75 with one line (and the ways on), so no subcommand 
 
 from __future__ import annotations
 
+import grp
+import math
 import os
 import pwd
 import signal
 from collections.abc import Sequence
-from pathlib import Path
 
 EXIT_OK = 0
 EXIT_FAIL = 1  # the suite (or a tier) ran and went red, or gave no verdict
@@ -35,26 +36,59 @@ class Refusal(Exception):
         self.ways_on = tuple(ways_on)
 
 
-def check_as_user(name: str | None, *, how: str = "tasks are launched through setpriv") -> None:
-    """`--as-user NAME` is root only (switching user needs CAP_SETUID) and names a real user."""
-    if not name:
+def check_as_user(name: str | None, *, how: str = "tasks are launched through setpriv",
+                  group_by_name: bool = True) -> None:
+    """`--as-user NAME` is root only (switching user needs CAP_SETUID) and names a real user.
+    `group_by_name`: the tasks' launch names the primary group by the user's name (conformance/launch.py
+    as_user_prefix: `setpriv --regid=NAME`), so a group of that name must exist and be that group."""
+    if name is None:
         return
+    if name == "":
+        raise UsageError("--as-user: expected a user name, got an empty string")
     if os.geteuid() != 0:
         raise UsageError(f"--as-user needs root ({how})")
     try:
-        pwd.getpwnam(name)
+        user = pwd.getpwnam(name)
     except KeyError:
         raise UsageError(f"--as-user: no such user {name!r}") from None
+    if group_by_name:
+        problem = group_problem(user)
+        if problem:
+            raise UsageError(f"--as-user {name}: {problem}")
 
 
-def check_writable(flag: str, value: str) -> None:
-    """An output file that cannot be written is bad input, said before the suite runs (not a traceback
-    after it, with a PASS already printed)."""
-    path = Path(value)
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise UsageError(f"{flag} {value}: is a directory")
-    if not parent.is_dir():
-        raise UsageError(f"{flag} {value}: no such directory {parent}")
-    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise UsageError(f"{flag} {value}: not writable")
+def group_problem(user: pwd.struct_passwd) -> str | None:
+    """Why `setpriv --regid=NAME` cannot give `user` its primary group, or None. Said up front: every
+    launch would otherwise fail with `setpriv: failed to parse regid` (issue 28; `nobody`, whose
+    primary group is `nogroup`)."""
+    try:
+        group = grp.getgrnam(user.pw_name)
+    except KeyError:
+        try:
+            named = grp.getgrgid(user.pw_gid).gr_name
+        except KeyError:
+            named = str(user.pw_gid)
+        return (f"its primary group ({named}) has another name and no group is named {user.pw_name}: "
+                "tasks are launched with setpriv --regid=USER; pick a user with a group of its own name")
+    if group.gr_gid != user.pw_gid:
+        return (f"the group named {user.pw_name} (gid {group.gr_gid}) is not its primary group "
+                f"(gid {user.pw_gid}): tasks would run with the wrong group")
+    return None
+
+
+# The longest wait a timeout may ask for: a day. Past it a number is a typo or an overflow (`1e308`
+# seconds makes deadline arithmetic inf, and threading's waits raise OverflowError), and `inf` and `nan`
+# pass a `<= 0` check (nan compares false with everything): issue 28.
+MAX_SECONDS = 86400.0
+
+
+def seconds_ok(seconds: float) -> bool:
+    """A finite, positive number of seconds, at most MAX_SECONDS."""
+    return math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS
+
+
+def check_seconds(flag: str, seconds: float) -> float:
+    if not seconds_ok(seconds):
+        raise UsageError(f"{flag} {seconds:g}: expected a positive number of seconds, "
+                         f"at most {MAX_SECONDS:g}")
+    return seconds

@@ -62,8 +62,10 @@ class Host(_HostFields):
         """argv prefix that makes a trial run as the probed user rather than as us."""
         if self.as_user is None:
             return ()
-        return ("setpriv", f"--reuid={self.as_user}", f"--regid={self.as_user}", "--init-groups",
-                "--inh-caps=-all", "--reset-env", "--")
+        # The primary group by number: setpriv reads --regid=NAME as a group name, and a user whose
+        # primary group has another name (nobody: nogroup) has no group of its own name (issue 28).
+        return ("setpriv", f"--reuid={self.as_user}", f"--regid={primary_gid(self.as_user)}",
+                "--init-groups", "--inh-caps=-all", "--reset-env", "--")
 
     @property
     def user(self) -> str:
@@ -73,3 +75,12 @@ class Host(_HostFields):
             return pwd.getpwuid(self.euid).pw_name
         except KeyError:
             return str(self.euid)
+
+
+def primary_gid(user: str) -> int | str:
+    """`user`'s primary gid from the passwd database, or the name itself when there is no such user
+    (setpriv then says so)."""
+    try:
+        return pwd.getpwnam(user).pw_gid
+    except KeyError:
+        return user

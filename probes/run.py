@@ -31,6 +31,19 @@ ENV_ALLOWLIST = ("PATH", "LANG", "LC_ALL", "TERM", "TZ")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+# How much of a line stderr_tail shows, and how much of each stream of a streamed (launch) child is
+# kept: the tail, where a launcher's error and the witness document are (issue 28: a launcher writing
+# 100 MB to stderr without a newline took 6.9 GB). stdout keeps more: the witness document is one line
+# of it, and a profile with thousands of paths makes it megabytes.
+TAIL_LINE_WIDTH = 500
+STDERR_KEEP = 64 << 10
+STDERR_KEEP_LINES = 200
+STDOUT_KEEP = 64 << 20
+# A stdout line longer than this is not handed to on_line (an observer looks for short tagged lines).
+ON_LINE_MAX = 1 << 20
+_CHUNK = 1 << 16
+
+
 class Completed(NamedTuple):
     """What a child run through this module did: how it ended, what it printed, how long it took. A Runner
     returns one."""
@@ -47,8 +60,52 @@ class Completed(NamedTuple):
     def ok(self) -> bool:
         return self.returncode == 0
 
-    def stderr_tail(self, lines: int = 3) -> str:
-        return " | ".join(self.stderr.strip().splitlines()[-lines:])
+    def stderr_tail(self, lines: int = 3, width: int = TAIL_LINE_WIDTH) -> str:
+        """The last `lines` lines of stderr, each cut to `width` characters (saying how much was cut):
+        a launcher that writes one 100 MB line must not have it repeated on every row (issue 28)."""
+        return " | ".join(_cut_line(ln, width) for ln in self.stderr.strip().splitlines()[-lines:])
+
+
+def _cut_line(line: str, width: int) -> str:
+    if len(line) <= width:
+        return line
+    return f"{line[:width]}... ({len(line) - width} more characters)"
+
+
+class _Tail:
+    """The last `limit` characters (and `lines` lines) of a stream, and how many characters were cut
+    before them, said once at the start of text()."""
+
+    def __init__(self, limit: int, lines: int | None = None) -> None:
+        self.limit, self.lines = limit, lines
+        self.parts: list[str] = []
+        self.size = 0
+        self.cut = 0
+
+    def add(self, chunk: str) -> None:
+        self.parts.append(chunk)
+        self.size += len(chunk)
+        if self.size > 2 * self.limit:  # trimmed now and then, not on every chunk
+            self._trim()
+
+    def _trim(self) -> None:
+        whole = "".join(self.parts)
+        if len(whole) > self.limit:
+            self.cut += len(whole) - self.limit
+            whole = whole[-self.limit:]
+        self.parts, self.size = [whole], len(whole)
+
+    def text(self) -> str:
+        self._trim()
+        whole = self.parts[0] if self.parts else ""
+        if self.lines is not None and whole.count("\n") > self.lines:
+            kept = whole.split("\n")[-(self.lines + 1):]
+            self.cut += len(whole) - len("\n".join(kept))
+            whole = "\n".join(kept)
+            self.parts, self.size = [whole], len(whole)
+        if not self.cut:
+            return whole
+        return f"[sandbox-conformance: the first {self.cut} characters of this stream were cut]\n{whole}"
 
 
 class Runner(Protocol):
@@ -353,8 +410,8 @@ def _streamed(
 ) -> Completed:
     """run() with stdout read line by line as it comes (one thread per pipe, so neither can fill up
     and stall the child)."""
-    out: list[str] = []
-    err: list[str] = []
+    out = _Tail(STDOUT_KEEP)
+    err = _Tail(STDERR_KEEP, STDERR_KEEP_LINES)
     failed: list[BaseException] = []
 
     def feed() -> None:
@@ -367,18 +424,28 @@ def _streamed(
             proc.stdin.close()
 
     def read_out() -> None:
+        # readline with a limit: a line without end is read in pieces, never whole into memory.
         assert proc.stdout is not None
-        for line in proc.stdout:
-            out.append(line)
-            if on_line is not None and not failed:
+        line: list[str] = []
+        size = 0
+        while piece := proc.stdout.readline(_CHUNK):
+            out.add(piece)
+            if size <= ON_LINE_MAX:
+                line.append(piece)
+            size += len(piece)
+            if not piece.endswith("\n"):
+                continue
+            if on_line is not None and not failed and size <= ON_LINE_MAX:
                 try:
-                    on_line(line)
+                    on_line("".join(line))
                 except BaseException as e:  # re-raised in the caller's thread below
                     failed.append(e)
+            line, size = [], 0
 
     def read_err() -> None:
         assert proc.stderr is not None
-        err.append(proc.stderr.read())
+        while chunk := proc.stderr.read(_CHUNK):
+            err.add(chunk)
 
     readers = [threading.Thread(target=f, daemon=True) for f in (read_out, read_err)]
     threads = [threading.Thread(target=feed, daemon=True), *readers]
@@ -386,11 +453,18 @@ def _streamed(
         t.start()
     try:
         timed_out = not child_exit.wait_exit(proc, timeout)
+        if timed_out:
+            # Our timeout: the launcher's group goes now. What it started outside its group (a setsid
+            # daemon, now ours as the subreaper's) is judged and killed by after_exit below, as after
+            # a launcher that exited by itself (issue 28: it was left running with ppid 1).
+            kill_group(proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
         # The leader is gone; its output may still be in the pipes. A survivor that holds them keeps
         # the readers waiting: bounded, then after_exit sees (and kills) it.
         for t in readers:
             t.join(timeout=1.0)
-        if not timed_out and after_exit is not None:
+        if after_exit is not None:
             after_exit(proc.pid)
     except BaseException:
         stop(proc)
@@ -406,8 +480,8 @@ def _streamed(
     return Completed(
         argv,
         None if timed_out else proc.returncode,
-        "".join(out),
-        "".join(err),
+        out.text(),
+        err.text(),
         time.monotonic() - started,
         timed_out=timed_out,
     )

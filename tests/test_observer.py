@@ -138,7 +138,7 @@ def test_controls_under_require_fail_on_what_could_not_run(capsys: pytest.Captur
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--launcher", ""], "--launcher: empty prefix"),
+        (["--launcher", ""], "--launcher: expected a value, got an empty string"),
         (["--launcher", "   "], "--launcher: empty prefix"),
         (
             ["--junitxml", "/nonexistent-dir-sbxc/j.xml"],

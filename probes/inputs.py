@@ -1,0 +1,66 @@
+"""Reading an input file a person named (a profile, an expected-skips list, mr-check's config): a
+regular file, read whole up to a bound, or one line saying why not.
+
+Issue 28: a FIFO as a profile hung the run (open(2) waits for a writer), `/dev/zero` read until memory
+ran out, and a symlink loop was a traceback. The file is opened with O_NONBLOCK (a FIFO's open then
+returns at once) and judged on fstat of what was opened, so nothing is read from a special file."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+# Far above any profile, config or skip list (the reference profile is ~3 KiB), far below a size that
+# hurts to hold.
+MAX_INPUT = 4 << 20
+
+
+class InputError(ValueError):
+    """Why the file cannot be an input, as the tail of one line (the caller names the option)."""
+
+
+def read_bytes(path: str | Path, *, limit: int = MAX_INPUT) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise InputError("no such file") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise InputError("too many levels of symbolic links (a symlink loop?)") from None
+        if e.errno == errno.EISDIR:
+            raise InputError("is a directory, not a file") from None
+        raise InputError(e.strerror or str(e)) from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise InputError("is a directory, not a file")
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError("not a regular file (a FIFO, a device or a socket is never read)")
+        if st.st_size > limit:
+            raise InputError(f"{st.st_size} bytes: larger than the {limit} an input may have")
+        chunks, total = [], 0
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except OSError as e:
+                raise InputError(e.strerror or str(e)) from None
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > limit:  # grew while read (or a file that lies about its size, in /proc)
+                raise InputError(f"larger than the {limit} bytes an input may have")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_text(path: str | Path, *, limit: int = MAX_INPUT) -> str:
+    """The file as UTF-8 text."""
+    data = read_bytes(path, limit=limit)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 text (byte {e.start})") from None

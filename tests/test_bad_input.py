@@ -1,0 +1,238 @@
+"""Bad input is exit 2 with one line naming the option and what was expected, before any work
+(README "exit codes"; issue 28): empty values, outputs that are inputs or each other, special files,
+unbounded numbers, users setpriv cannot switch to, launchers that do not exist, /proc as a layout root.
+
+In-process through commands.cli.main, with the cancellation handlers and the guardian left out
+(nothing is started before a usage error), so the table runs in about a second."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pwd
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from commands import cli
+from probes import cancel
+
+REFERENCE = Path(cli.__file__).resolve().parent.parent / "conformance" / "profiles" / "reference.toml"
+
+
+@contextlib.contextmanager
+def _quiet_cancel(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(cancel, "install", lambda label: None)
+    yield
+
+
+def run_cli(monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with _quiet_cancel(monkeypatch), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(list(argv))
+        except SystemExit as e:  # argparse's own errors (commands/cli.py _Parser.error)
+            code = int(e.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+def one_usage_line(code: int, err: str, *needles: str) -> str:
+    lines = err.splitlines()
+    # `run` adds its verdict line (`sandbox-conformance: ERROR mode=... exit=2`) after the reason.
+    reason = [ln for ln in lines if " ERROR mode=" not in ln]
+    assert code == 2, (code, err)
+    assert len(reason) == 1, err
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in reason[0], (n, reason[0])
+    return reason[0]
+
+
+@pytest.fixture
+def inputs(tmp_path: Path) -> Path:
+    shutil.copy(REFERENCE, tmp_path / "p.toml")
+    (tmp_path / "skips.txt").write_text("# none\n")
+    os.mkfifo(tmp_path / "fifo")
+    os.symlink("loop", tmp_path / "loop")
+    os.link(tmp_path / "p.toml", tmp_path / "hardlink.toml")
+    return tmp_path
+
+
+# ---- empty values: never "the default" -----------------------------------------------------------
+
+EMPTY = [
+    ("witness", "--profile"), ("witness", "--adapter"), ("witness", "--expected-skips"),
+    ("witness", "--layout-root"), ("witness", "--as-user"),
+    ("witness", "--json"), ("witness", "--junitxml"), ("witness", "--log"), ("witness", "--launcher-env"),
+    ("witness", "--host-cannot-observe"),
+    ("run", "--profile"), ("run", "--adapter"), ("run", "--expected-skips"), ("run", "--as-user"),
+    ("run", "--verdict-json"), ("run", "--image"), ("run", "--base-image"),
+    ("controls", "--only"), ("controls", "--as-user"),
+    ("mr-check", "--base"), ("mr-check", "--config"), ("mr-check", "-C"),
+    ("probe", "--require"), ("probe", "--only"), ("probe", "--as-user"),
+    ("adapters", "--as-user"),
+    ("fleet-report", "--output"), ("fleet-report", "--junit-dir"),
+]
+
+
+@pytest.mark.parametrize(("command", "flag"), EMPTY, ids=[f"{c} {f}" for c, f in EMPTY])
+@pytest.mark.parametrize("form", ["apart", "joined"])
+def test_an_empty_value_is_a_usage_error_in_every_command(
+    monkeypatch: pytest.MonkeyPatch, inputs: Path, command: str, flag: str, form: str
+) -> None:
+    if form == "joined" and not flag.startswith("--"):
+        pytest.skip("a short option has no --flag= form")
+    given = [flag, ""] if form == "apart" else [f"{flag}="]
+    extra = [str(inputs)] if command == "fleet-report" else []
+    code, _, err = run_cli(monkeypatch, command, *extra, *given)
+    one_usage_line(code, err, flag, "empty")
+
+
+def test_an_empty_positional_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    code, _, err = run_cli(monkeypatch, "fleet-report", "")
+    one_usage_line(code, err, "empty")
+
+
+# ---- an output is never an input, nor another output ------------------------------------------------
+
+COLLIDE = [
+    ("witness", ["--profile", "{p}", "--json", "{p}"], "--json"),
+    ("witness", ["--profile", "{p}", "--junitxml", "{p}"], "--junitxml"),
+    ("witness", ["--profile", "{p}", "--log", "{p}"], "--log"),
+    ("witness", ["--expected-skips", "{s}", "--json", "{s}"], "--json"),
+    ("witness", ["--profile", "{p}", "--json", "{d}/./p.toml"], "--json"),
+    ("witness", ["--profile", "{p}", "--json", "{d}/hardlink.toml"], "--json"),
+    ("witness", ["--json", "{d}/out", "--junitxml", "{d}/out"], "--json"),
+    ("witness", ["--json", "{d}/out", "--log", "{d}/out"], "--json"),
+    ("run", ["--profile", "{p}", "--json", "{p}"], "--json"),
+    ("run", ["--profile", "{p}", "--verdict-json", "{p}"], "--verdict-json"),
+    ("run", ["--json", "{d}/out", "--junitxml", "{d}/out"], "--json"),
+    ("run", ["--verdict-json", "{d}/out", "--log", "{d}/out"], "--log"),
+]
+
+
+@pytest.mark.parametrize(("command", "argv", "flag"), COLLIDE, ids=[" ".join(a) for _, a, _ in COLLIDE])
+def test_no_output_may_replace_an_input_or_another_output(
+    monkeypatch: pytest.MonkeyPatch, inputs: Path, command: str, argv: list[str], flag: str
+) -> None:
+    before = (inputs / "p.toml").read_bytes()
+    words = [a.format(p=inputs / "p.toml", s=inputs / "skips.txt", d=inputs) for a in argv]
+    code, _, err = run_cli(monkeypatch, command, *words)
+    one_usage_line(code, err, flag)
+    assert (inputs / "p.toml").read_bytes() == before
+    assert (inputs / "skips.txt").read_text() == "# none\n"
+    assert not (inputs / "out").exists()
+
+
+@pytest.mark.parametrize("target", ["/dev/full", "/proc/version", "-", "{d}/fifo", "{d}/loop", "{d}"])
+@pytest.mark.parametrize("flag", ["--junitxml", "--json", "--log"])
+def test_an_output_that_cannot_be_a_report_is_refused_up_front(
+    monkeypatch: pytest.MonkeyPatch, inputs: Path, flag: str, target: str
+) -> None:
+    if target == "-" and flag == "--json":
+        pytest.skip("--json - is stdout, by design")
+    code, out, err = run_cli(monkeypatch, "witness", flag, target.format(d=inputs))
+    one_usage_line(code, err, flag)
+    assert "PASS" not in out
+    assert not (Path.cwd() / "-").exists()
+
+
+def test_the_fleet_table_is_never_written_into_a_hosts_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    host = tmp_path / "h1"
+    host.mkdir()
+    (host / "run.json").write_text('{"verdict": "PASS"}')
+    code, _, err = run_cli(monkeypatch, "fleet-report", str(tmp_path), "--output", str(host / "run.json"))
+    one_usage_line(code, err, "--output", "host directory")
+    assert (host / "run.json").read_text() == '{"verdict": "PASS"}'
+
+
+# ---- bad numbers, names and places --------------------------------------------------------------
+
+NUMBERS = [
+    ("witness", "--timeout"), ("run", "--timeout"), ("controls", "--timeout"),
+    ("controls", "--launch-timeout"),
+]
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e308", "86401"])
+@pytest.mark.parametrize(("command", "flag"), NUMBERS, ids=[f"{c} {f}" for c, f in NUMBERS])
+def test_a_timeout_must_be_finite_positive_and_bounded(
+    monkeypatch: pytest.MonkeyPatch, command: str, flag: str, value: str
+) -> None:
+    code, _, err = run_cli(monkeypatch, command, f"{flag}={value}")
+    one_usage_line(code, err, flag, "positive number of seconds")
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e308"])
+def test_a_tier_timeout_must_be_finite_and_bounded(tmp_path: Path, value: str) -> None:
+    from mrcheck import config
+
+    cfg = tmp_path / "mr.toml"
+    cfg.write_text(f'[[tool.sandbox-conformance.tiers]]\nname = "t"\nglobs = ["x/**"]\ntimeout = {value}\n'
+                   'run = { kind = "command", argv = ["true"] }\n')
+    with pytest.raises(config.ConfigError, match="timeout: expected a positive number of seconds"):
+        config.load(tmp_path, cfg)
+
+
+@pytest.mark.parametrize("root", ["/proc"])
+def test_a_layout_root_on_a_pseudo_filesystem_is_refused(monkeypatch: pytest.MonkeyPatch, root: str) -> None:
+    code, _, err = run_cli(monkeypatch, "witness", "--layout-root", root)
+    one_usage_line(code, err, "--layout-root")
+
+
+@pytest.mark.parametrize("launcher", ["/nonexistent/launcher --task {task_id} --", "no-such-launcher-xyz"])
+def test_a_launcher_that_does_not_exist_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, launcher: str
+) -> None:
+    code, _, err = run_cli(monkeypatch, "witness", "--launcher", launcher)
+    one_usage_line(code, err, "--launcher")
+
+
+def _user_without_own_group() -> str:
+    import grp
+
+    for u in pwd.getpwall():
+        try:
+            grp.getgrnam(u.pw_name)
+        except KeyError:
+            return u.pw_name
+    pytest.skip("every user here has a group of its own name")
+
+
+@pytest.mark.parametrize("command", ["witness", "run", "controls"])
+def test_a_user_whose_primary_group_has_another_name_is_refused_up_front(
+    monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("--as-user needs root")
+    user = _user_without_own_group()
+    code, _, err = run_cli(monkeypatch, command, "--as-user", user)
+    one_usage_line(code, err, "--as-user", "primary group")
+
+
+def test_a_probe_trial_switches_to_the_primary_group_by_number() -> None:
+    from probes.host import Host
+
+    user = _user_without_own_group()
+    prefix = Host(as_user=user).trial_prefix
+    assert f"--regid={pwd.getpwnam(user).pw_gid}" in prefix, prefix
+
+
+# ---- inputs that are not files to read ------------------------------------------------------------
+
+SPECIAL = ["{d}/fifo", "/dev/zero", "{d}/loop", "{d}"]
+
+
+@pytest.mark.parametrize("path", SPECIAL)
+@pytest.mark.parametrize(("command", "flag"), [("witness", "--profile"), ("witness", "--expected-skips"),
+                                               ("mr-check", "--config")])
+def test_a_special_file_as_an_input_is_one_line_never_a_hang(
+    monkeypatch: pytest.MonkeyPatch, inputs: Path, command: str, flag: str, path: str
+) -> None:
+    code, _, err = run_cli(monkeypatch, command, flag, path.format(d=inputs))
+    one_usage_line(code, err)
