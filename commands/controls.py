@@ -217,7 +217,7 @@ def _validate(args: argparse.Namespace) -> None:
     if args.launch_timeout >= args.timeout:
         raise UsageError(f"--launch-timeout {args.launch_timeout:g} must be below --timeout {args.timeout:g} "
                          "(a witness run is at least one launch)")
-    check_as_user(args.as_user)
+    check_as_user(args.as_user, group_by_name=False)
 
 
 def _disable_userns(as_user: str | None) -> tuple[bool, str]:

@@ -262,7 +262,7 @@ def _validate(args: argparse.Namespace) -> Settings:
         [("--profile", profile), ("--expected-skips", args.expected_skips),
          ("--launcher", outputs.launcher_file(launcher))],
     )
-    check_as_user(args.as_user)
+    check_as_user(args.as_user, group_by_name=False)
     try:
         return settings_mod.build(
             profile=profile,

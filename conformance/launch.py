@@ -138,7 +138,12 @@ def as_user_prefix(user: str | None) -> tuple[str, ...]:
     environment is caught."""
     if user is None:
         return ()
-    return ("setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--inh-caps=-all", "--")
+    import pwd
+
+    # The primary group by number: setpriv reads --regid=NAME as a group's name, and `nobody`'s primary
+    # group is `nogroup` ("setpriv: failed to parse regid", issue 28).
+    gid = pwd.getpwnam(user).pw_gid
+    return ("setpriv", f"--reuid={user}", f"--regid={gid}", "--init-groups", "--inh-caps=-all", "--")
 
 
 def parse_document(name: str, done: Completed) -> dict[str, Any]:

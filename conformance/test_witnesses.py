@@ -974,10 +974,14 @@ def test_no_host_unix_socket_can_be_connected_to(sbxc_task: Task, sbxc_settings:
     allowed = {expand(p, sbxc_task.values) for p in sbxc_settings.profile.unix_allowed}
     tried = _inside(sbxc_task, "unix_sockets")
     connected = [t["path"] for t in tried if t.get("ok") and t["path"] not in allowed]
+    # A sandbox that refuses socket(AF_UNIX) outright (srt's seccomp filter) leaves a socket file it
+    # shows unusable: the task's first step fails before any path is looked up. Only then is what the
+    # host sees not a way out; the task tried every one (the planted socket among them).
+    outright = bool(tried) and all(t.get("stage") == "socket" for t in tried)
     exposed = [
         f"{e['host_path']} at {e['path']}"
         for e in _reach(sbxc_task)["sockets"]
-        if e["path"] not in allowed and e["host_path"] not in allowed
+        if e["path"] not in allowed and e["host_path"] not in allowed and not outright
     ]
     knocks = sbxc_task.knocks
     assert not connected and not exposed and not knocks, (

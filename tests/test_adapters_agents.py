@@ -257,6 +257,7 @@ SRT_PROMISES = {
     "workdir",
     "leftovers",
     "unchanged",
+    "terminal",
     # the default promises each keeps (kernel_interfaces is disclaimed by both: as root /proc/sys opens)
     "descriptors",
     "secrets",

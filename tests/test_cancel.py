@@ -402,17 +402,19 @@ def _sleeping(token: str, count: int = 1) -> Callable[[int], bool]:
 
 SLOW_BWRAP = """#!{python} -IS
 # bwrap as the reference launcher calls it, with the task replaced by `sleep TOKEN` (the witness
-# program's argv, `PYTHON -I -S -`, is the last four words). Everything else (the probes' trials, a
-# first launch when PASS_FIRST names a directory to make) runs unchanged.
+# program's argv, `PYTHON -I -S -`, is the last four words). Everything else (the probes' trials, the
+# first run's launches when PASS_FIRST names a directory to make: its main task, its lifecycle and its
+# terminal launches) runs unchanged.
 import os, sys
 REAL, TOKEN, PASS_FIRST, LOG = {real!r}, {token!r}, {first!r}, {log!r}
 args = sys.argv[1:]
 if any("sbxc-witness-" in a for a in args) and args[-3:] == ["-I", "-S", "-"]:
     first = False
-    if PASS_FIRST:
+    for i in range(3 if PASS_FIRST else 0):
         try:
-            os.mkdir(PASS_FIRST)
+            os.mkdir(f"{{PASS_FIRST}}-{{i}}")
             first = True
+            break
         except FileExistsError:
             pass
     if not first:

@@ -58,6 +58,7 @@ def test_the_reference_profile_loads_and_makes_every_promise_family() -> None:
         "host_sockets",
         "lifecycle",
         "unchanged",
+        "terminal",
     }
     assert prof.limits.memory_max == 512 * 1024**2 and prof.limits.pids_max == 256
 
