@@ -526,6 +526,22 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             else (),
         )
 
+    def _bare_plan(self, nonce: str, *, tag: str | None = None, terminal: bool = False) -> plan.Plan:
+        """A plan for a launch that asks one thing (the lifecycle, the terminal): no ops, so nothing it
+        does can collide with the main launch's files."""
+        assert self.layout is not None
+        return plan.Plan(
+            task_id=self.layout.task_id,
+            ops=(),
+            tcp=(),
+            unix_abstract=(),
+            nested_userns=False,
+            launch_nonce=nonce,
+            tag=tag,
+            handshake_seconds=max(1.0, min(10.0, self.timeout / 3)),
+            terminal=terminal,
+        )
+
     def lifecycle(self) -> dict[str, Any]:
         """The lifecycle promise's launch (made once, cached): a task that only announces itself and
         waits; the host finds it, SIGKILLs its launcher, and records how long the task took to go and
@@ -546,16 +562,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         nonce = secrets.token_hex(8)
         tag = observer.tag(nonce)
         watch = observer.Watch(tag, nonce, protected=(), host_namespaces=self.host.namespaces, lifecycle=True)
-        the_plan = plan.Plan(
-            task_id=lay.task_id,
-            ops=(),
-            tcp=(),
-            unix_abstract=(),
-            nested_userns=False,
-            launch_nonce=nonce,
-            tag=tag,
-            handshake_seconds=max(1.0, min(10.0, self.timeout / 3)),
-        )
+        the_plan = self._bare_plan(nonce, tag=tag)
         if script is not None:
             plan.write_script(script, plan.program(the_plan))
         done = run(
@@ -598,15 +605,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             raise HarnessError("witness session used outside its `with` block")
         lay = self.layout
         env, script = self._launcher_env(), self._script()
-        the_plan = plan.Plan(
-            task_id=lay.task_id,
-            ops=(),
-            tcp=(),
-            unix_abstract=(),
-            nested_userns=False,
-            launch_nonce=secrets.token_hex(8),
-            terminal=True,
-        )
+        the_plan = self._bare_plan(secrets.token_hex(8), terminal=True)
         program = plan.program(the_plan)
         if script is not None:
             plan.write_script(script, program)
