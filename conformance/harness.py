@@ -22,7 +22,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -108,8 +108,8 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         self.layout: layout.Layout | None = None
         self.host: plan.HostView | None = None
         self._daemon: socket.socket | None = None
-        self._lifecycle: dict[str, Any] | None = None
-        self._terminal: dict[str, Any] | None = None
+        self._lifecycle: dict[str, Any] | HarnessError | None = None
+        self._terminal: dict[str, Any] | HarnessError | None = None
         self._host_sockets: tuple[str, ...] = ()
 
     # -- host side ------------------------------------------------------------------------------
@@ -312,8 +312,21 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         if key in self._tasks or key in self._started:
             return
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sbxc-launch-{key}")
-        self._started[key] = pool.submit(self._attempt)
+        self._started[key] = pool.submit(self._attempt_and_more if key == "main" else self._attempt)
         pool.shutdown(wait=False)
+
+    def _attempt_and_more(self) -> plan.Task | HarnessError:
+        """The main launch, then the lifecycle and terminal launches its promises ask for: after it, never
+        beside it (its leftover judgement would take their orphans, reparented to us, for its own), but
+        still before pytest asks, overlapping its import and the other witnesses."""
+        got = self._attempt()
+        if not isinstance(got, HarnessError):
+            made = set(self.profile.promises())
+            if "lifecycle" in made:
+                self._lifecycle = _or_error(self._lifecycle_launch)
+            if "terminal" in made:
+                self._terminal = _or_error(self._terminal_launch)
+        return got
 
     def _attempt(self) -> plan.Task | HarnessError:
         try:
@@ -547,8 +560,11 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         waits; the host finds it, SIGKILLs its launcher, and records how long the task took to go and
         what the launch left running. The plan holds no ops: nothing it does may collide with the main
         launch's files."""
+        self._join_started()  # made after the main launch where that was started early
         if self._lifecycle is None:
-            self._lifecycle = self._lifecycle_launch()
+            self._lifecycle = _or_error(self._lifecycle_launch)
+        if isinstance(self._lifecycle, HarnessError):
+            raise self._lifecycle
         return self._lifecycle
 
     def _lifecycle_launch(self) -> dict[str, Any]:
@@ -587,8 +603,11 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         """The terminal promise's launch (made once, cached): the launcher's controlling terminal, and its
         stderr, is a pseudo-terminal the harness holds, the way a user runs a sandbox from a shell;
         the task tries to push a byte into its input (TIOCSTI), and the harness reads what arrived."""
+        self._join_started()
         if self._terminal is None:
-            self._terminal = self._terminal_launch()
+            self._terminal = _or_error(self._terminal_launch)
+        if isinstance(self._terminal, HarnessError):
+            raise self._terminal
         return self._terminal
 
     def _terminal_launch(self) -> dict[str, Any]:
@@ -603,6 +622,8 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
 
         if self.layout is None or self.host is None:
             raise HarnessError("witness session used outside its `with` block")
+        if cancel.received() is not None:
+            raise HarnessError("cancelled: the terminal launch was not made")  # Popen here, not run()
         lay = self.layout
         env, script = self._launcher_env(), self._script()
         the_plan = self._bare_plan(secrets.token_hex(8), terminal=True)
@@ -674,6 +695,13 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
                 cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
                 pids.append(struct.unpack("3i", cred)[0])
         return pids
+
+
+def _or_error(fn: Callable[[], dict[str, Any]]) -> dict[str, Any] | HarnessError:
+    try:
+        return fn()
+    except HarnessError as e:
+        return e
 
 
 def _drain(fd: int) -> bytes:
