@@ -121,6 +121,10 @@ def witness_runner(
         # kept: every run must give its tasks the same leaves (the container and VM modes prove a
         # root and promise it through this variable only).
         promised = {k: os.environ[k] for k in (PROMISE_ENV,) if k in os.environ}
+        # A witness run of ours, not a launcher: it resolves bwrap on the caller's PATH, as this command
+        # and `witness` itself do (probes/host.py Host.which), not on the launchers' fixed one.
+        if "PATH" in os.environ:
+            promised["PATH"] = os.environ["PATH"]
         if progress is None:
             return _read(runner(argv, timeout=timeout, env=minimal_env(promised), cwd=str(workdir)), junit)
         what = " ".join(extra) or "(baseline)"

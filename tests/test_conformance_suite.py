@@ -304,17 +304,17 @@ def test_one_perturbation_of_the_reference_sandbox_turns_exactly_its_witnesses_r
         ("echo oops >&2; exit 3", "exited 3"),
         ("cat >/dev/null; echo garbage; echo '{not json'", "printed no witness document"),
         ('cat >/dev/null; echo \'{"version": 2, "complete": false}\'', "partial"),
-        (None, "could not be executed"),
+        # (A launcher that does not exist or is not executable is a usage error, exit 2, up front:
+        # tests/test_bad_input.py.)
     ],
-    ids=["hangs", "exits-non-zero", "prints-garbage", "prints-a-partial-document", "does-not-exist"],
+    ids=["hangs", "exits-non-zero", "prints-garbage", "prints-a-partial-document"],
 )
 def test_a_launcher_that_does_not_deliver_is_a_harness_error_naming_it_and_leaves_nothing(
-    tmp_path: Path, body: str | None, says: str
+    tmp_path: Path, body: str, says: str
 ) -> None:
     script = tmp_path / "sandbox-run"
-    if body is not None:
-        script.write_text(f"#!/bin/sh\n{body}\n")
-        script.chmod(0o755)
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
     prefix = str(script)
     tmp = tmp_path / "tmp"
     tmp.mkdir()

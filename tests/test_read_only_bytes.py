@@ -29,7 +29,9 @@ def test_crlf_and_long_multibyte_files_read_the_same_inside(bwrap_path: str, hos
     (host_dir / "utf8.txt").write_text("é" * 3000, encoding="utf-8")
     prof = host_dir / "p.toml"
     prof.write_text('[profile]\nname = "ro-bytes"\n[filesystem]\n'
-                    f'read_only = ["{host_dir}/crlf.txt", "{host_dir}/utf8.txt"]\n')
+                    f'read_only = ["{host_dir}/crlf.txt", "{host_dir}/utf8.txt"]\n'
+                    # No environment allowlist: the reference bwrap passes the launcher's environment.
+                    '[promises]\nnot_claimed = { secrets = "no environment allowlist" }\n')
     done = witness("--profile", str(prof), timeout=120)
     assert done.returncode == 0, done.stdout[-3000:]
     for name in ("crlf.txt", "utf8.txt"):

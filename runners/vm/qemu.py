@@ -284,7 +284,10 @@ def run_in_vm(argv: Sequence[str], *, workdir: Path, timeout: float, env: Mappin
                     done = runner(qemu_argv(image, workdir, accel, memory_mb=memory_mb, cpus=cpus,
                                             console=console, as_root=os.geteuid() == 0,
                                             kernel_args=kernel_args),
-                                  timeout=timeout + budget, env=minimal_env())
+                                  # qemu is ours, not a launcher: found on the caller's PATH, as
+                                  # the check before the boot found it (not minimal_env's fixed one).
+                                  timeout=timeout + budget,
+                                  env=minimal_env({"PATH": os.environ.get("PATH", "/usr/bin:/bin")}))
                 except BaseException as e:  # a cancelled run: the stage says it stopped, then on up
                     boot.end(type(e).__name__, word="stopped after")
                     raise
