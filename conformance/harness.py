@@ -611,55 +611,31 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         return self._terminal
 
     def _terminal_launch(self) -> dict[str, Any]:
-        import fcntl
         import pty
-        import subprocess
-        import termios
         import tty
-
-        from probes import cancel
-        from probes.run import kill_group
 
         if self.layout is None or self.host is None:
             raise HarnessError("witness session used outside its `with` block")
-        if cancel.received() is not None:
-            raise HarnessError("cancelled: the terminal launch was not made")  # Popen here, not run()
-        lay = self.layout
         env, script = self._launcher_env(), self._script()
-        the_plan = self._bare_plan(secrets.token_hex(8), terminal=True)
+        nonce = secrets.token_hex(8)
+        the_plan = self._bare_plan(nonce, terminal=True)
         program = plan.program(the_plan)
         if script is not None:
             plan.write_script(script, program)
+        # No tag: nothing to find at a handshake; the watch only judges and kills what the launch leaves.
+        watch = observer.Watch("", nonce, protected=(), host_namespaces=self.host.namespaces)
         master, slave = pty.openpty()
         tty.setraw(slave)  # an injected byte is readable at once, not held back for a whole line
-        ioctl, set_ctty = fcntl.ioctl, termios.TIOCSCTTY  # bound here: the child must not import
-
-        def preexec() -> None:
-            ioctl(2, set_ctty, 0)  # after setsid (start_new_session): stderr becomes the controlling tty
-
-        timed_out = False
         try:
-            proc = subprocess.Popen(
+            done = run(
                 self.argv(script),
-                stdin=subprocess.DEVNULL if script is not None else subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=slave,
+                timeout=self.timeout,
+                input=None if script is not None else program,
                 env=env,
-                cwd=str(lay.root),
-                start_new_session=True,
-                preexec_fn=preexec,
-                text=True,
+                cwd=str(self.layout.root),
+                after_exit=watch.after_exit,
+                terminal=slave,
             )
-            cancel.track(proc.pid, signal.SIGTERM)
-            try:
-                out, _ = proc.communicate(None if script is not None else program, timeout=self.timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                kill_group(proc.pid)
-                out, _ = proc.communicate()
-            finally:
-                kill_group(proc.pid)  # and anything it left in its group
-                cancel.untrack(proc.pid)
             os.set_blocking(slave, False)
             os.set_blocking(master, False)
             injected = _drain(slave)  # what reached the terminal's input
@@ -668,7 +644,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             os.close(master)
             os.close(slave)
         found: Any = None
-        for line in reversed((out or "").splitlines()):
+        for line in reversed(done.stdout.splitlines()):
             if line.startswith("{") and '"terminal"' in line:
                 with contextlib.suppress(json.JSONDecodeError):
                     found = json.loads(line).get("terminal")
@@ -676,9 +652,10 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         return {
             "terminal": found,
             "injected": injected.decode(errors="replace"),
-            "exit": proc.returncode,
-            "timed_out": timed_out,
+            "exit": done.returncode,
+            "timed_out": done.timed_out,
             "stderr": said.decode(errors="replace")[-500:],
+            "survivors": list(watch.survivors or ()),
         }
 
     def _knocks(self) -> list[int]:

@@ -646,15 +646,16 @@ def what_it_reaches(
     return out
 
 
-def host_task(pid: int, proc: Path = Path("/proc")) -> tuple[int, str] | None:
-    """(start time, state) of a live process, or None once it is gone or a zombie (dead, unreaped)."""
+def host_task(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """The start time of a live process (a reused pid has another), or None once it is gone or a
+    zombie (dead, unreaped)."""
     try:
         st = stat_fields(_read(proc / str(pid) / "stat"))
     except (OSError, ValueError):
         return None
     if st["state"] in ("Z", "X"):
         return None
-    return int(st["starttime"]), "alive"
+    return int(st["starttime"])
 
 
 def boot_ticks() -> int:

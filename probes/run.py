@@ -160,18 +160,26 @@ def _set_pdeathsig() -> Callable[[int], object]:
         return lambda sig: libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
-def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
+def die_with_parent(sig: int = signal.SIGKILL, *, stderr_is_tty: bool = False) -> Callable[[], None]:
     """A Popen preexec_fn: the child gets `sig` when the thread that started it exits. Everything it
     calls is bound here, in the parent: the child of a threaded process must not import (the import
     lock may be held by a thread that does not exist in the child). If the parent already died
-    between fork and prctl, getppid() is no longer the forking process: exit."""
+    between fork and prctl, getppid() is no longer the forking process: exit. stderr_is_tty: the
+    child's stderr (a terminal) becomes its controlling terminal (TIOCSCTTY, tty_ioctl(4)); it runs
+    after setsid, which start_new_session does first."""
+    import fcntl
+    import termios
+
     parent = os.getpid()
     set_pdeathsig = _set_pdeathsig()
+    ioctl, set_ctty = fcntl.ioctl, termios.TIOCSCTTY
 
     def preexec() -> None:
         set_pdeathsig(sig)
         if os.getppid() != parent:
             os._exit(125)
+        if stderr_is_tty:
+            ioctl(2, set_ctty, 0)
 
     return preexec
 
@@ -199,6 +207,7 @@ def run(
     die_with: int = signal.SIGKILL,
     pass_fds: Sequence[int] = (),
     on_start: Callable[[int], None] | None = None,
+    terminal: int | None = None,
 ) -> Completed:
     """Run argv in a new session; on timeout SIGKILL its whole process group and reap it.
 
@@ -207,7 +216,9 @@ def run(
     on_line: called (in a reader thread) with each stdout line as it arrives, while the child runs.
     after_exit: called with the process group id once the leader has exited, BEFORE the rest of its
     group is killed, so the caller can see what the child left running. on_start: called with the
-    child's pid as soon as it is started (the host-side observer's watch of a launch).
+    child's pid as soon as it is started (the host-side observer's watch of a launch). terminal: a
+    pseudo-terminal's slave descriptor, given to the child as its stderr (not captured) and made its
+    controlling terminal, the way a shell starts a command (the witness's terminal promise).
     die_with: the child's parent-death signal; SIGTERM for a child of ours that cleans up after
     itself (a witness run under `run` or `controls`). pass_fds: descriptors the child inherits (every
     other one above stderr is closed in it, as Popen does by default). Interrupted (a Cancelled, any
@@ -224,13 +235,13 @@ def run(
             argv,
             stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
             stdout=pipe,
-            stderr=pipe,
+            stderr=pipe if terminal is None else terminal,
             env=dict(env) if env is not None else minimal_env(),
             cwd=cwd,
             text=True,
             errors="replace",
             start_new_session=True,
-            preexec_fn=die_with_parent(die_with),
+            preexec_fn=die_with_parent(die_with, stderr_is_tty=terminal is not None),
             pass_fds=tuple(pass_fds),
         )
     except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
@@ -443,7 +454,8 @@ def _streamed(
             line, size = [], 0
 
     def read_err() -> None:
-        assert proc.stderr is not None
+        if proc.stderr is None:
+            return  # a terminal of the caller's, read there (run's `terminal`)
         while chunk := proc.stderr.read(_CHUNK):
             err.add(chunk)
 
