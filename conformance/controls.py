@@ -50,6 +50,10 @@ class Needs(enum.StrEnum):
     x86_64 = enum.auto()  # the i386 entry point (int 0x80) exists only there
     # TIOCSTI is allowed at all: dev.tty.legacy_tiocsti is not 0 (Linux 6.2 can refuse it to everyone).
     legacy_tiocsti = enum.auto()
+    # Tasks launched as root, where bwrap makes ONE user namespace, owning the task's mount namespace.
+    # Run by a user, bwrap --dev maps the task into a second one nested below it (uid 0 is needed in
+    # the first to mount devpts), which kept capabilities never reach the mount namespace from.
+    one_userns = enum.auto()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +144,7 @@ HOST_SOCKETS = _w("test_no_host_unix_socket_can_be_connected_to")
 UNCHANGED = _w("test_the_sandbox_is_the_same_at_every_look")
 LIFECYCLE = _w("test_the_task_dies_with_its_launcher")
 TERMINAL = _w("test_the_task_cannot_type_into_the_terminal_it_was_started_from")
+SYSCALLS = _w("test_every_other_syscall_door_answers_as_the_profile_says")
 
 # Every witness judged on the host's reading of the live task: a document with no live task behind it
 # (a forger's, a decoy's) turns each of them red.
@@ -538,6 +543,31 @@ REACH: tuple[Control, ...] = (
         needs=Needs.legacy_tiocsti,
     ),
     Control(
+        "canary_hardlinked",
+        "the masked database has a second name on the same filesystem, a hardlink in the task's working "
+        "directory: no mount's root is an ancestor of its path, yet its content is readable",
+        launcher_args=("--canary-hardlink",),
+        reddens=(ALIASES,),
+    ),
+    Control(
+        "canary_copied",
+        "a copy of the masked database sits in the sandbox's own /tmp (bwrap --file): no host storage is "
+        "mounted there, yet the content the mask keeps out is readable under another name",
+        launcher_args=("--canary-copy",),
+        reddens=(ALIASES,),
+    ),
+    Control(
+        "mount_api_open",
+        "the task keeps its capabilities in the user namespace that owns its mount namespace (--cap-add "
+        "ALL, no --disable-userns): fsopen(2), open_tree(2) and move_mount(2) pass their permission check",
+        launcher_args=("--drop=--disable-userns", "--append=--cap-add", "--append=ALL"),
+        reddens=(SYSCALLS, NO_CAPS),
+        needs=Needs.one_userns,
+        # Under --disable-userns the task sits in a nested user namespace, where kept capabilities do not
+        # reach the mount namespace (caps_kept): dropping it opens the nested-userns door too.
+        collateral=(Collateral(NESTED_USERNS, "no --disable-userns: the same dropped boundary showing"),),
+    ),
+    Control(
         "nesting_x86_64_only",
         "no --disable-userns; a seccomp filter refuses user namespaces by x86_64 syscall numbers and never "
         "checks the architecture, so unshare through the i386 entry point (int 0x80) creates one",
@@ -626,8 +656,9 @@ AVAILABILITY: frozenset[str] = frozenset(
     )
 )
 # Witnesses an unprivileged task keeps with no sandbox at all: the host's sysctls and device nodes
-# belong to root, so file modes refuse it (see Needs.as_root).
-MODE_KEPT: frozenset[str] = frozenset(key(t) for t in (KERNEL_INTERFACES, DEVICES))
+# belong to root, so file modes refuse it (see Needs.as_root); it has no CAP_SYS_ADMIN for the mount API
+# and may not ptrace the harness, a root process (the syscall doors).
+MODE_KEPT: frozenset[str] = frozenset(key(t) for t in (KERNEL_INTERFACES, DEVICES, SYSCALLS))
 # Witnesses of the task's cgroup leaf: the harness, not the sandbox, makes the leaf and writes its
 # limits (conformance/harness.py), so a task with no sandbox at all still has them. The unsandboxed
 # baseline does not require them red; it may still redden some (as root, nothing stops a write to the
@@ -666,6 +697,12 @@ def not_applicable(
             "tasks run as an unprivileged user: the host's kernel settings and device nodes belong to root "
             "(0644, 0600; dmesg_restrict for /dev/kmsg), so file modes refuse the task whatever the sandbox "
             "exposes (run the controls as root)"
+        )
+    if control.needs is Needs.one_userns and not as_root:
+        return (
+            "tasks run as an unprivileged user: bwrap --dev then puts the task in a second user namespace "
+            "below the one that owns its mount namespace, so capabilities kept there never reach it "
+            "(measured: fsopen(2) EPERM under --cap-add ALL; run the controls as root)"
         )
     if control.needs is Needs.legacy_tiocsti and _legacy_tiocsti() == "0":
         return "dev.tty.legacy_tiocsti = 0: this kernel refuses TIOCSTI to every task, sandboxed or not"

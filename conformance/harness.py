@@ -119,6 +119,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
                 control_files=self.profile.task.control_files or ("system_prompt.txt",),
                 as_user=self.as_user,
                 temp_root=self.layout_root,
+                names=self.profile.layout,
             )
             self._stack.callback(layout.remove, self.layout)
             self._stack.callback(self._join_started)  # runs first: the stack unwinds in reverse
@@ -137,7 +138,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         tcp.bind(("0.0.0.0", 0))
         tcp.listen(8)
         port = tcp.getsockname()[1]
-        abstract = f"sbxc-witness-{nonce}"
+        abstract = f"{self.layout.task_id if self.layout else 'task'}-{nonce}"  # no name of ours
         unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._stack.callback(unix.close)
         unix.bind("\0" + abstract)

@@ -560,6 +560,132 @@ def nested_userns(fds: "Sequence[int]" = ()) -> "dict[str, object]":
     return doors
 
 
+# ---- other syscall doors (plan["doors"]) ----------------------------------------------------------
+# Each kernel interface a sandbox usually closes, tried once with arguments that change nothing: the
+# answer (opened, or the errno) is what the profile's [syscalls] table judges. bubblewrap's and
+# Flatpak's try-syscall tests are the anchor. Every success is undone at once (a descriptor closed).
+# New syscalls share one number on every architecture since Linux 5.1 (asm-generic/unistd.h).
+SYS_IO_URING_SETUP, SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_FSOPEN = 425, 428, 429, 430
+SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "s390x": 280, "ppc64le": 271}
+KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING = 0, -3  # <linux/keyctl.h>
+OPEN_TREE_CLONE, AT_FDCWD = 1, -100  # <linux/mount.h>, <linux/fcntl.h>
+PTRACE_SEIZE = 0x4206  # <linux/ptrace.h>
+TIOCLINUX, TIOCL_GETFGCONSOLE = 0x541C, 12  # <asm-generic/ioctls.h>, <linux/tiocl.h>: a read
+
+
+def _syscall(number: int, *args: object) -> "dict[str, object]":
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    got = libc.syscall(ctypes.c_long(number), *args)
+    if got < 0:
+        return {"ok": False, "errno": _errno()}
+    return {"ok": True, "errno": None, "returned": got}
+
+
+def _closing(number: int, *args: object) -> "dict[str, object]":
+    # A door whose success is a descriptor (an io_uring, a filesystem context, a detached mount tree):
+    # closed at once, which frees what it stands for.
+    r = _syscall(number, *args)
+    if r["ok"]:
+        os.close(int(r["returned"]))  # type: ignore[call-overload]
+    return r
+
+
+def door_io_uring() -> "dict[str, object]":
+    params = ctypes.create_string_buffer(120)  # struct io_uring_params, zeroed
+    return _closing(SYS_IO_URING_SETUP, ctypes.c_uint(1), params)
+
+
+def door_keyctl() -> "dict[str, object]":
+    # The session keyring the task inherited from whoever started it (keyrings(7)): docker's and
+    # systemd's filters refuse keyctl because a caller's keys live there.
+    number = SYS_KEYCTL.get(os.uname().machine)
+    if number is None:
+        return {"ok": False, "errno": None, "error": "no keyctl(2) number known for " + os.uname().machine}
+    return _syscall(number, ctypes.c_long(KEYCTL_GET_KEYRING_ID), ctypes.c_long(KEY_SPEC_SESSION_KEYRING),
+                    ctypes.c_long(0))
+
+
+def door_fsopen() -> "dict[str, object]":
+    # The new mount API's checks come first: fsopen(2) needs CAP_SYS_ADMIN over the task's mount
+    # namespace (fs/fsopen.c), open_tree(OPEN_TREE_CLONE) and move_mount(2) may_mount() (fs/namespace.c).
+    return _closing(SYS_FSOPEN, ctypes.c_char_p(b"tmpfs"), ctypes.c_uint(0))
+
+
+def door_open_tree() -> "dict[str, object]":
+    root = ctypes.c_char_p(b"/")
+    return _closing(SYS_OPEN_TREE, ctypes.c_int(AT_FDCWD), root, ctypes.c_uint(OPEN_TREE_CLONE))
+
+
+def door_move_mount() -> "dict[str, object]":
+    # From and to a path that does not exist: with the capability it fails on the lookup (ENOENT) and
+    # moves nothing, so ENOENT here means the door was open.
+    nowhere = ctypes.c_char_p(b"/.sbxc-no-such-mount")
+    here = ctypes.c_int(AT_FDCWD)
+    r = _syscall(SYS_MOVE_MOUNT, here, nowhere, here, nowhere, ctypes.c_uint(0))
+    if r.get("errno") == "ENOENT":
+        return {"ok": True, "errno": None, "returned": "ENOENT: past the permission check"}
+    return r
+
+
+def door_vsock() -> "dict[str, object]":
+    # Only the socket: AF_VSOCK is not in any network namespace before Linux 6.19, so a task whose
+    # network is "none" that can make one may reach the hypervisor's host (never connected here: on a VM
+    # the host's vsock ports are its control channel).
+    family = getattr(socket, "AF_VSOCK", 40)
+    return attempt(lambda: socket.socket(family, socket.SOCK_STREAM).close())
+
+
+def door_ptrace(pid: int, cmdline: "Sequence[str]") -> "dict[str, object]":
+    # PTRACE_SEIZE on the harness (a process outside the sandbox), from a child that leaves at once: a
+    # tracer's exit detaches its tracees and lets them run on (ptrace(2)). The harness's host pid means
+    # another process inside a pid namespace that has one with that number: such a one is not tried.
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            seen = f.read().split(b"\0")[:-1]
+        if [a.decode(errors="replace") for a in seen] != list(cmdline):
+            return {"ok": False, "errno": None, "absent": True, "error": "another process has that pid here"}
+    except OSError:
+        pass
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.restype = ctypes.c_long
+    got = libc.ptrace(ctypes.c_long(PTRACE_SEIZE), ctypes.c_long(pid), ctypes.c_void_p(0), ctypes.c_void_p(0))
+    if got < 0:
+        return {"ok": False, "errno": _errno()}
+    return {"ok": True, "errno": None}
+
+
+def door_tioclinux() -> "dict[str, object]":
+    # A virtual console's own ioctl (its selection can be pasted as typed input, like TIOCSTI); tried on
+    # the first of the task's standard descriptors that is a terminal.
+    import fcntl
+
+    ttys = [fd for fd in (0, 1, 2) if os.isatty(fd)]
+    if not ttys:
+        return {"ok": False, "errno": None, "absent": True, "error": "no terminal among fds 0-2"}
+    def ask() -> None:
+        fcntl.ioctl(ttys[0], TIOCLINUX, bytes([TIOCL_GETFGCONSOLE]))
+
+    return attempt(ask)
+
+
+def doors(spec: "Mapping[str, Any]") -> "dict[str, object]":
+    out: dict[str, object] = {
+        "io_uring_setup": observe(door_io_uring),
+        "keyctl": observe(door_keyctl),
+        "fsopen": observe(door_fsopen),
+        "open_tree": observe(door_open_tree),
+        "move_mount": observe(door_move_mount),
+        "vsock_socket": observe(door_vsock),
+        "tioclinux": observe(door_tioclinux),
+    }
+    if spec.get("ptrace_pid"):
+        out["ptrace_outside"] = in_child(
+            functools.partial(door_ptrace, spec["ptrace_pid"], spec.get("ptrace_cmdline", []))
+        )
+    return out
+
+
 # ---- what the task holds and reaches (plan["reach"]) ---------------------------------------------------
 # A sandbox leaks through more than its mount table: a descriptor the launcher left open, a process
 # whose environment still holds the launcher's secret, a host sysctl, a device node, a host unix
@@ -648,10 +774,14 @@ def descriptors(fds: "Sequence[int]", secret: bytes) -> "list[dict[str, object]]
     return [dict(observe(describe_fd, fd, secret), fd=fd) for fd in fds]
 
 
-def _walk(roots: "Sequence[str]", depth: int, want: "Callable[[str, os.stat_result], bool]") -> "list[str]":
-    # Breadth first, never following a symlink, at most WALK_ENTRIES entries looked at in all.
+def _walk(
+    roots: "Sequence[str]", depth: int, want: "Callable[[str, os.stat_result], bool]", xdev: bool = False
+) -> "list[str]":
+    # Breadth first, never following a symlink, at most WALK_ENTRIES entries looked at in all; with
+    # xdev, never into a directory of another filesystem than the first root's (find -xdev).
     found: list[str] = []
     seen, level = 0, [r for r in roots if os.path.isdir(r) and not os.path.islink(r)]
+    dev = os.lstat(level[0]).st_dev if xdev and level else None
     visited = set()
     for _ in range(depth):
         nxt = []
@@ -674,10 +804,59 @@ def _walk(roots: "Sequence[str]", depth: int, want: "Callable[[str, os.stat_resu
                     continue
                 if want(path, st):
                     found.append(path)
-                if stat.S_ISDIR(st.st_mode):
+                if stat.S_ISDIR(st.st_mode) and (dev is None or st.st_dev == dev):
                     nxt.append(path)
         level = nxt
     return found
+
+
+# Filesystems that hold no files of the host's: never walked for aliases.
+PSEUDO_FS = (
+    "proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "mqueue", "tracefs", "debugfs",
+    "securityfs", "bpf", "pstore", "configfs", "fusectl", "binfmt_misc", "hugetlbfs", "autofs", "nsfs",
+    "efivarfs",
+)
+
+
+def alias_scan(
+    canaries: "Sequence[Mapping[str, Any]]", own: "Sequence[str]", table: "Sequence[Mapping[str, Any]]"
+) -> "dict[str, object]":
+    # A protected file's content under any other name, whatever shows it there: a hardlink or a second
+    # bind (the same device and inode), a copy, an overlay of the host's tree (the same bytes: each
+    # canary carries this run's nonce). Every mount that can hold files is walked on its own (find
+    # -xdev, WALK_ENTRIES each); only a file of a canary's size, or of its inode, is read. A hit under
+    # the protected path itself is its own witness's (masked, absent, hidden), not an alias.
+    sizes = {int(c["size"]) for c in canaries}
+    inodes = {(int(c["dev"]), int(c["ino"])) for c in canaries}
+    contents = {unmask(c["masked"], c["key"]) for c in canaries}
+    points = sorted({str(m["mount_point"]) for m in table if m.get("fstype") not in PSEUDO_FS})
+    found: list[str] = []
+    same_inode: list[str] = []
+
+    def candidate(path: str, st: os.stat_result) -> bool:
+        return stat.S_ISREG(st.st_mode) and (st.st_size in sizes or (st.st_dev, st.st_ino) in inodes)
+
+    for point in points:
+        for path in _walk([point], 8, candidate, xdev=True):
+            if any(path == n or path.startswith(n.rstrip("/") + "/") for n in own):
+                continue
+            try:
+                st = os.stat(path)
+                with open(path, "rb") as f:
+                    data = f.read(4096)
+            except OSError:
+                continue  # unreadable under this name: nothing leaks through it
+            if data in contents:
+                found.append(path)
+            elif (st.st_dev, st.st_ino) in inodes:
+                same_inode.append(path)
+    return {"found": sorted(set(found)), "same_inode": sorted(set(same_inode)), "mounts": len(points)}
+
+
+def unmask(masked: str, key: str) -> bytes:
+    """Bytes the plan carries XORed with a one-time key (conformance/plan.py mask): never in clear in a
+    program a launcher may stage as a file the task can read."""
+    return bytes(a ^ b for a, b in zip(bytes.fromhex(masked), bytes.fromhex(key)))  # noqa: B905 (3.10+)
 
 
 def secret_scan(secret: bytes, paths: "Sequence[str]", roots: "Sequence[str]") -> "dict[str, object]":
@@ -872,6 +1051,7 @@ def terminal_trials() -> "dict[str, object]":
 
     out["tiocsti"] = attempt(push)
     out["dev_tty"] = attempt(lambda: os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)))
+    out["tioclinux"] = observe(door_tioclinux)  # the [syscalls] door, on a terminal at last
     return out
 
 
@@ -889,6 +1069,8 @@ def reach(spec: "Mapping[str, Any]", fds: "Sequence[int]", doc: "dict[str, objec
     doc["devices"] = observe(device_trials, spec.get("devices_allowed", {}), points)
     sockets = [*spec.get("socket_roots", []), *roots]
     doc["unix_sockets"] = observe(unix_trials, spec.get("unix_paths", []), sockets)
+    if spec.get("canaries") and isinstance(table, list):
+        doc["aliases"] = observe(alias_scan, spec["canaries"], spec.get("protected", []), table)
 
 
 # ---- cgroup trials (plan["cgroup"], present only when the harness gave the task a leaf) ----------
@@ -1081,6 +1263,8 @@ def main(plan: "Mapping[str, Any]") -> None:
     marker = cgroup_trials(cg, doc) if cg else None
     if plan.get("nested_userns", True):
         doc["nested_userns"] = observe(nested_userns, fds)
+    if plan.get("doors"):
+        doc["doors"] = observe(doors, plan["doors"])
     doc["complete"] = True
     sys.stdout.write(json.dumps(doc) + "\n")
     sys.stdout.flush()

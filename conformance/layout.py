@@ -29,6 +29,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from conformance.profile import LayoutNames
 from probes import owner
 
 TEMP_PREFIX = "sbxc-witness-"
@@ -48,6 +49,8 @@ class Layout(NamedTuple):
     user: str
     owner_uid: int  # who owns the user's trees (the --as-user uid, or ours)
     owner_gid: int
+    other_user_name: str = OTHER_USER
+    named: bool = False  # the root's name is the profile's ([layout] root), labelled beside it
 
     @property
     def state(self) -> Path:
@@ -75,7 +78,7 @@ class Layout(NamedTuple):
 
     @property
     def other_user(self) -> Path:
-        return self.state / "users" / OTHER_USER
+        return self.state / "users" / self.other_user_name
 
     @property
     def spec_file(self) -> Path:
@@ -125,23 +128,32 @@ def create(
     control_files: tuple[str, ...] = ("system_prompt.txt",),
     as_user: str | None = None,
     temp_root: str | None = None,
+    names: LayoutNames | None = None,
 ) -> Layout:
     """Create a fresh layout. The caller removes it with `remove` (see `layout()` for the guard)."""
     # The owner's stamp in the name: a run that is SIGKILLed leaves this behind, and the next run's
-    # sweep, here, removes it once that owner is gone (probes/owner.py).
+    # sweep, here, removes it once that owner is gone (probes/owner.py). A root named by the profile
+    # carries it on a label beside it instead (owner.make_named_dir), so a launcher sees only names a
+    # platform would use.
+    names = names or LayoutNames()
     owner.sweep_once()
-    root = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{owner.stamp()}-", dir=temp_root))
+    if names.root is None:
+        root = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{owner.stamp()}-", dir=temp_root))
+    else:
+        root = Path(owner.make_named_dir(temp_root or tempfile.gettempdir(), names.root))
     try:
         root.chmod(0o755)  # mkdtemp makes 0700; an --as-user task must traverse it
         uid, gid = _owner(as_user)
         lay = Layout(
             root=root,
             nonce=secrets.token_hex(8),
-            task_id=f"task-{secrets.token_hex(4)}",
-            neighbour_task_id=f"task-{secrets.token_hex(4)}",
-            user=USER,
+            task_id=f"{names.task_prefix}{secrets.token_hex(4)}",
+            neighbour_task_id=f"{names.task_prefix}{secrets.token_hex(4)}",
+            user=names.user,
             owner_uid=uid,
             owner_gid=gid,
+            other_user_name=names.other_user,
+            named=names.root is not None,
         )
         _write(lay.state / "config.toml", f"# {lay.canary('config').strip()}\n")
         _write(lay.state / "db" / "canary.sqlite", lay.canary("db"))
@@ -151,10 +163,8 @@ def create(
         lay.control.mkdir(parents=True, exist_ok=True)
         lay.workdir.mkdir(parents=True, exist_ok=True)
         lay.user_tmp.mkdir(parents=True, exist_ok=True)
-        _write(
-            lay.other_user / "tasks" / "task-other" / "control" / "system_prompt.txt",
-            lay.canary("other-user"),
-        )
+        other_task = lay.other_user / "tasks" / f"{names.task_prefix}{secrets.token_hex(4)}"
+        _write(other_task / "control" / "system_prompt.txt", lay.canary("other-user"))
         for d in [lay.state, *lay.state.rglob("*")]:
             if d.is_dir():
                 d.chmod(0o755)
@@ -162,6 +172,8 @@ def create(
         return lay
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
+        if names.root is not None:
+            owner.unlabel(str(root))
         raise
 
 
@@ -182,6 +194,8 @@ def remove(lay: Layout) -> None:
     shutil.rmtree(lay.root, onerror=retry)  # onerror: Python 3.11 (onexc is 3.12+)
     if lay.root.exists():
         shutil.rmtree(lay.root, ignore_errors=True)
+    if lay.named and not lay.root.exists():
+        owner.unlabel(str(lay.root))
 
 
 @contextlib.contextmanager

@@ -74,6 +74,9 @@ class Plan(NamedTuple):
     reach: Mapping[str, Any] | None = None
     # The terminal launch: the task tries to inject input into the terminal it inherited.
     terminal: bool = False
+    # The other syscall doors (conformance/inside.py doors): the process outside to ptrace, or None when
+    # the profile makes no syscalls promise.
+    doors: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -90,6 +93,7 @@ class Plan(NamedTuple):
             "proxy": dict(self.proxy) if self.proxy is not None else None,
             "reach": dict(self.reach) if self.reach is not None else None,
             "terminal": self.terminal,
+            "doors": dict(self.doors) if self.doors is not None else None,
         }
 
 
@@ -292,7 +296,11 @@ def build(
         tag=tag,
         handshake_seconds=handshake_seconds,
         proxy=proxy_plan(profile, values, host, launch_nonce) if net else None,
-        reach=reach_plan(profile, host),
+        reach=reach_plan(profile, host, values),
+        # The harness itself is the process outside that the task must not ptrace.
+        doors={"ptrace_pid": host.harness_pid, "ptrace_cmdline": list(host.harness_cmdline)}
+        if "syscalls" in profile.promises()
+        else None,
     )
 
 
@@ -330,17 +338,49 @@ DEVICES = {
 SOCKET_ROOTS = ("/run", "/var/run", "/tmp", "/var/tmp", "/dev/shm", "/home", "/root", "/srv", "/mnt")
 
 
-def reach_plan(profile: Profile, host: HostView) -> dict[str, Any] | None:
+def mask(data: bytes) -> tuple[str, str]:
+    """(masked, key) in hex: `data` XORed with a one-time key. Never in clear: the program may be written
+    to a file the task can read (a launcher that stages it), where the task's own search would find it
+    in its own plan (conformance/inside.py unmask)."""
+    key = os.urandom(len(data))
+    return bytes(a ^ b for a, b in zip(data, key, strict=True)).hex(), key.hex()
+
+
+CANARY_MARK = b"SBXC-CANARY"  # conformance/layout.py: every canary carries it and this run's nonce
+
+
+def canaries(paths: Sequence[str]) -> list[dict[str, Any]]:
+    """The host files under each protected path (hidden_files), for the task's search by content and
+    by (device, inode) under every other name (conformance/inside.py alias_scan). Only this run's
+    canaries are searched by content: another file's bytes may well be anywhere."""
+    out = []
+    for top in paths:
+        for f in hidden_files(top):
+            with contextlib.suppress(OSError):
+                st = os.stat(f)
+                with open(f, "rb") as fh:
+                    data = fh.read(4096)
+                masked, key = mask(data if CANARY_MARK in data else b"")
+                out.append({"dev": st.st_dev, "ino": st.st_ino, "size": st.st_size, "masked": masked,
+                            "key": key})
+    return out
+
+
+def reach_plan(
+    profile: Profile, host: HostView, values: Mapping[str, str] | None = None
+) -> dict[str, Any] | None:
     made = set(profile.promises())
     if not made & {"descriptors", "secrets", "kernel_interfaces", "devices", "host_sockets"}:
         return None
     secret = (host.secret_value if "secrets" in made else "").encode()
-    # Never in clear: the program may be written to a file the task can read (a launcher that stages it),
-    # where the task's own search would find the secret in its own plan. Masked with a one-time key.
-    key = os.urandom(len(secret))
+    secret_masked, key = mask(secret)
+    fs = profile.filesystem
+    protected = [expand(p, values) for p in (*fs.masked, *fs.absent)] if values and "aliases" in made else []
     return {
-        "secret_key": key.hex(),
-        "secret_masked": bytes(a ^ b for a, b in zip(secret, key, strict=True)).hex(),
+        "canaries": canaries(protected),
+        "protected": protected,
+        "secret_key": key,
+        "secret_masked": secret_masked,
         "secret_paths": [host.secret_file] if host.secret_file else [],
         "kernel_paths": list(KERNEL_INTERFACES) if "kernel_interfaces" in made else [],
         "write_back": list(WRITE_BACK),

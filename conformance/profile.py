@@ -38,8 +38,18 @@ REFERENCE_NAME = "reference"
 # reaches (the launcher's secret anywhere, the host's kernel settings, device nodes, host unix sockets).
 # A sandbox that does not keep one says so, with the measured reason, in [promises] not_claimed.
 DEFAULT_PROMISES = (
-    "descriptors", "secrets", "kernel_interfaces", "devices", "host_sockets", "lifecycle", "terminal"
+    "descriptors", "secrets", "kernel_interfaces", "devices", "host_sockets", "lifecycle", "terminal",
+    "syscalls",
 )
+# [syscalls]: each door the witness program tries (conformance/inside.py doors) and how it must answer:
+# "refused" (any errno), a list of the errnos it may fail with, or "allowed" (tried and reported, no
+# promise). A door the profile does not name keeps its default (Profile.doors): a ptrace of a process
+# outside is refused by every sandbox; the new mount API by every one that drops capabilities (it
+# needs CAP_SYS_ADMIN over the task's mount namespace: fs/fsopen.c, fs/namespace.c may_mount), so it is
+# promised wherever [process] capabilities is; io_uring, keyctl, AF_VSOCK and TIOCLINUX are closed only
+# by a seccomp filter (docker's, systemd's), which a profile claims by naming the errno.
+MOUNT_API_DOORS = ("fsopen", "open_tree", "move_mount")
+SYSCALL_DOORS = (*MOUNT_API_DOORS, "ptrace_outside", "io_uring_setup", "keyctl", "vsock_socket", "tioclinux")
 
 
 class ProfileError(Exception):
@@ -163,6 +173,17 @@ class Limits(NamedTuple):
     pids_max: int | None = None
 
 
+class LayoutNames(NamedTuple):
+    """[layout]: the names the task's layout carries, so that a witness run looks like the platform's own
+    tasks (issue 27): the root directory's name prefix (None: the suite's own, sbxc-witness-<owner>-),
+    the user and the other user whose trees it holds, and the task ids' prefix."""
+
+    root: str | None = None
+    user: str = "alice"
+    other_user: str = "bob"
+    task_prefix: str = "task-"
+
+
 class Profile(NamedTuple):
     """What a sandbox promises a task: one profile file, parsed and validated (`parse`, `load`), a field per
     section. `promises` names the witness families it makes; a promise not made is not tested."""
@@ -188,6 +209,18 @@ class Profile(NamedTuple):
     devices_allowed: tuple[str, ...] = ()
     unix_allowed: tuple[str, ...] = ()
     not_claimed: Mapping[str, str] = EMPTY
+    layout: LayoutNames = LayoutNames()
+    # [syscalls]: door -> "refused", "allowed" or a tuple of errno names, as the profile declares them
+    # (`doors` adds the defaults).
+    syscalls: Mapping[str, str | tuple[str, ...]] = EMPTY
+
+    def doors(self) -> dict[str, str | tuple[str, ...]]:
+        """How each syscall door must answer: the profile's [syscalls], over the defaults."""
+        no_caps = self.process.capabilities in (Caps.none, Caps.none_effective)
+        made: dict[str, str | tuple[str, ...]] = {door: "allowed" for door in SYSCALL_DOORS}
+        made["ptrace_outside"] = "refused"
+        made.update({door: "refused" for door in MOUNT_API_DOORS if no_caps})
+        return {**made, **self.syscalls}
 
     def promises(self) -> tuple[str, ...]:
         """The promise families this profile makes, in display order. A witness whose family is not
@@ -268,12 +301,16 @@ _SCHEMA: dict[str, frozenset[str]] = {
     "limits": frozenset({"memory_max", "pids_max"}),
     "devices": frozenset({"allow"}),
     "promises": frozenset({"not_claimed"}),
+    "syscalls": frozenset(SYSCALL_DOORS),
+    "layout": frozenset(LayoutNames._fields),
 }
 # Anchored with \Z, never $: `$` also matches before a trailing newline, so "EROFS\n" or "PATH\n" would
 # pass (issue 28).
 _SIZE = re.compile(r"^(\d+)([KMGT]?)\Z")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _ERRNO = re.compile(r"^E[A-Z0-9]+\Z")
+# A name in the layout's paths: one path component, nothing a shell or a placeholder would read.
+_LAYOUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 # A name a proxy allowlist can hold: DNS labels (RFC 1123), or an IPv4 literal. No port and no
 # wildcard: the suite must serve, and then reach, exactly this name.
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -481,6 +518,22 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
             if k not in DEFAULT_PROMISES:
                 raise r.fail(f"promises.not_claimed.{k}", f"one of {', '.join(DEFAULT_PROMISES)}")
             not_claimed[k] = r.text(f"promises.not_claimed.{k}", v)
+    lay = r.section("layout")
+    for k, v in lay.items():
+        if not isinstance(v, str) or not _LAYOUT_NAME.match(v):
+            raise r.fail(f"layout.{k}", "a plain name (letters, digits, '.', '_', '-'; at most 64)", v)
+    layout_names = LayoutNames(**lay)
+    if layout_names.user == layout_names.other_user:
+        raise r.fail("layout.other_user", f"a name other than layout.user ({layout_names.user})")
+    sc = r.section("syscalls")
+    syscalls: dict[str, str | tuple[str, ...]] = {}
+    for door, v in sc.items():
+        if isinstance(v, list):
+            syscalls[door] = r.errnos(f"syscalls.{door}", v, 'such as ["EPERM", "ENOSYS"]')
+        elif v in ("refused", "allowed"):
+            syscalls[door] = v
+        else:
+            raise r.fail(f"syscalls.{door}", '"refused", "allowed" or a list of errno names', v)
     uns = r.section("userns")
     nested = r.choice("userns.nested", uns["nested"], Nested) if "nested" in uns else Nested.allowed
     nested_errno: tuple[str, ...] = ()
@@ -556,6 +609,8 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
         network_allowed=allowed,
         nested_userns=nested,
         nested_errno=nested_errno,
+        syscalls=syscalls,
+        layout=layout_names,
         namespaces=namespaces,
         process=process,
         environment=environment,

@@ -684,6 +684,13 @@ def test_no_mount_shows_a_protected_host_path_under_any_name(sbxc_task: Task) ->
         f"{e['template']} at {e['path']} (through the mount at {e['mount_point']}; lists {e['listing']})"
         for e in _seen(sbxc_task).exposures
     ]
+    # And by content, whatever the mechanism (a copy, a hardlink, an overlay of the host's tree): the
+    # task searched every mount that can hold files for this run's canaries and their inodes.
+    reach = sbxc_task.plan.reach or {}
+    if reach.get("canaries"):
+        scan = _inside(sbxc_task, "aliases")
+        found += [f"a protected canary's content at {p}" for p in scan["found"]]
+        found += [f"a protected file's inode (the same device and inode) at {p}" for p in scan["same_inode"]]
     assert not found, f"host content that must be hidden is reachable inside the task: {found}"
 
 
@@ -869,6 +876,56 @@ def test_the_task_cannot_type_into_the_terminal_it_was_started_from(
         f"read {r.get('injected')!r}; it holds /dev/tty: {t.get('dev_tty')}, session leader: "
         f"{t.get('session_leader')}"
     )
+
+
+# ---- the other syscall doors: each answers as the profile's [syscalls] table says ---------------------
+
+
+def _own_session_keyring() -> int | None:
+    # The harness's session keyring (keyrings(7)), to say whether the task's is the same one.
+    import ctypes
+
+    from conformance import inside
+
+    number = inside.SYS_KEYCTL.get(os.uname().machine)
+    if number is None:
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    got = int(libc.syscall(ctypes.c_long(number), ctypes.c_long(0), ctypes.c_long(-3), ctypes.c_long(0)))
+    return got if got > 0 else None
+
+
+@witness("syscalls")
+def test_every_other_syscall_door_answers_as_the_profile_says(
+    sbxc_task: Task, sbxc_session: WitnessSession, sbxc_settings: Settings
+) -> None:
+    # io_uring, keyctl, the new mount API, AF_VSOCK, a ptrace of a process outside and TIOCLINUX: each
+    # tried once by the task with arguments that change nothing (bubblewrap's and Flatpak's
+    # try-syscall tests), each judged by the errno the profile names for it.
+    doors = _inside(sbxc_task, "doors")
+    seen = {name: _door(r) for name, r in doors.items() if isinstance(r, dict)}
+    expected = sbxc_settings.profile.doors()
+    promised = sbxc_settings.profile.promises()
+    if "tioclinux" in seen and expected.get("tioclinux") != "allowed" and "terminal" in promised:
+        # Only the terminal launch has a terminal to try it on.
+        t = sbxc_session.terminal().get("terminal")
+        if isinstance(t, dict) and isinstance(t.get("tioclinux"), dict):
+            seen["tioclinux"] = _door(t["tioclinux"])
+    wrong: dict[str, str] = {}
+    for name, want in expected.items():
+        if want == "allowed":
+            continue
+        got = seen.get(name, "not tried")
+        if got.startswith("absent"):
+            continue  # no such entry point here (no terminal, no keyctl number): nothing to open
+        if got == "CREATED" or got.startswith(("could not", "not tried")):
+            wrong[name] = "OPENED" if got == "CREATED" else got
+        elif want != "refused" and got not in want:
+            wrong[name] = f"{got}, the profile says {' or '.join(want)}"
+    if "OPENED" in wrong.get("keyctl", "") and doors["keyctl"].get("returned") == _own_session_keyring():
+        wrong["keyctl"] += " (the harness's own session keyring)"
+    assert not wrong, f"doors that did not answer as the profile says: {wrong}; every door: {seen}"
 
 
 # ---- what the task holds and reaches: descriptors, the secret anywhere, kernel settings, devices, sockets --

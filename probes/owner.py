@@ -38,6 +38,9 @@ from probes.errnos import errname
 # mrcheck/tiers.py; tests/test_cancel.py checks them).
 SWEPT_PREFIXES = ("sbxc-witness-", "sbxc-oci-", "sbxc-srt-", "sbxc-controls-", "sbxc-container.", "sbxc-vm.",
                   "sbxc-kvm-trial-", "sbxc-mr-check.")
+# A directory whose name the profile chooses (a layout named like a platform's, conformance/layout.py)
+# carries no stamp: a symlink beside it does, made before it, `.sbxc-owned-<stamp>-NAME -> NAME`.
+LABEL_PREFIX = ".sbxc-owned-"
 VAR_TMP = "/var/tmp"  # where the VM's scratch lives: on the host's /, visible to the guest over 9p
 OCI_RUNTIMES = ("crun", "runc")
 KILL_TIMEOUT = 10.0
@@ -153,6 +156,43 @@ def sweep_once() -> None:
         say(sweep())
 
 
+def make_named_dir(parent: str, prefix: str) -> str:
+    """A fresh directory `parent/PREFIX<random>` (0700, as mkdtemp makes), labelled for the sweep by a
+    stamped symlink beside it that exists before it does (see LABEL_PREFIX)."""
+    import secrets
+
+    for _ in range(100):
+        name = f"{prefix}{secrets.token_hex(4)}"
+        label = os.path.join(parent, f"{LABEL_PREFIX}{stamp()}-{name}")
+        os.symlink(name, label)
+        try:
+            os.mkdir(os.path.join(parent, name), 0o700)
+        except FileExistsError:
+            os.unlink(label)
+            continue
+        except BaseException:
+            os.unlink(label)
+            raise
+        return os.path.join(parent, name)
+    raise FileExistsError(errno.EEXIST, f"no free name {prefix}* in {parent}")
+
+
+def unlabel(path: str) -> None:
+    """Remove the label of a directory `make_named_dir` made, once the directory is gone."""
+    parent, name = os.path.split(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(parent, f"{LABEL_PREFIX}{stamp()}-{name}"))
+
+
+def _labelled(top: str, label: str) -> str | None:
+    # The directory a label names: a plain name beside it, never a path elsewhere.
+    try:
+        target = os.readlink(os.path.join(top, label))
+    except OSError:
+        return None
+    return os.path.join(top, target) if target and "/" not in target and target not in (".", "..") else None
+
+
 def sweep(*, dirs: Sequence[str] | None = None, prefixes: Sequence[str] = SWEPT_PREFIXES,
           include_self: bool = False) -> list[Swept]:
     """Remove every stamped directory whose owner is gone (and ours too with include_self: the end
@@ -165,12 +205,25 @@ def sweep(*, dirs: Sequence[str] | None = None, prefixes: Sequence[str] = SWEPT_
         except OSError:
             continue
         for name in names:
-            if not name.startswith(tuple(prefixes)):
+            labelled = name.startswith(LABEL_PREFIX)
+            if not labelled and not name.startswith(tuple(prefixes)):
                 continue
             owner = find(name)
             if owner is None or not (gone(owner) or (include_self and owner == me)):
                 continue
             path = os.path.join(top, name)
+            if labelled:
+                target = _labelled(top, name)
+                if target is not None and os.path.isdir(target) and not os.path.islink(target):
+                    if os.geteuid() != 0 and os.lstat(target).st_uid != os.geteuid():
+                        continue
+                    problem = remove_dir(target)
+                    out.append(Swept(target, owner, problem))
+                    if problem:
+                        continue
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                continue
             try:
                 if os.geteuid() != 0 and os.lstat(path).st_uid != os.geteuid():
                     continue  # another user's run: theirs to sweep (a sticky /tmp would refuse us)

@@ -258,6 +258,7 @@ SRT_PROMISES = {
     "leftovers",
     "unchanged",
     "terminal",
+    "syscalls",
     # the default promises each keeps (kernel_interfaces is disclaimed by both: as root /proc/sys opens)
     "descriptors",
     "secrets",

@@ -108,7 +108,8 @@ def test_unshare_keeps_the_namespaces_its_flags_promise(
     # (kernel_view, leftovers and descriptors: every profile's, judged by the host-side observer; the
     # other default promises unshare.toml disclaims, with what was measured.)
     made = {
-        "network", "pid", "ipc", "uts", "kernel_view", "leftovers", "descriptors", "unchanged", "lifecycle"
+        "network", "pid", "ipc", "uts", "kernel_view", "leftovers", "descriptors", "unchanged", "lifecycle",
+        "syscalls",
     }
     assert set(verdicts(report)) == made
     assert "test_the_task_sees_only_the_loopback_interface" in cases

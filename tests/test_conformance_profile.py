@@ -59,6 +59,7 @@ def test_the_reference_profile_loads_and_makes_every_promise_family() -> None:
         "lifecycle",
         "unchanged",
         "terminal",
+        "syscalls",
     }
     assert prof.limits.memory_max == 512 * 1024**2 and prof.limits.pids_max == 256
 

@@ -419,6 +419,7 @@ def test_a_vacuous_witness_skips_and_a_promise_not_made_is_not_collected(
         "test_the_sandbox_is_the_same_at_every_look": "passed",
         "test_the_task_dies_with_its_launcher": "passed",
         "test_the_task_cannot_type_into_the_terminal_it_was_started_from": "passed",
+        "test_every_other_syscall_door_answers_as_the_profile_says": "passed",
         "test_the_task_holds_no_descriptor_that_leads_out": "passed",
         "test_the_hosts_kernel_settings_cannot_be_opened_for_writing": "passed",
         "test_only_allowlisted_device_nodes_can_be_opened": "passed",

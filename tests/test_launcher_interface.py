@@ -266,3 +266,44 @@ def test_asking_for_the_spec_and_stdin_gives_the_old_interface(tmp_path: Path) -
     lines = seen.read_text().splitlines()
     assert lines[0].startswith("SPEC /") and lines[0].endswith("spec.json"), lines
     assert lines[1] == "ARGV python3 -I -S -", lines
+
+
+NAMED = '\n[layout]\nroot = "agentd-"\nuser = "maria"\nother_user = "sam"\ntask_prefix = "job-"\n'
+
+
+def test_a_command_only_launcher_with_a_named_layout_gets_the_reference_launchers_verdicts(
+    tmp_path: Path,
+) -> None:
+    # Issue 27: a launcher that takes only a command, the way a platform takes a task, runs the whole
+    # suite with a profile that names the layout like the platform's own, and the verdicts are the
+    # reference launcher's. Ours finds its paths where it runs and from the task id in its argv (as a
+    # platform's sandbox knows its own); it is the reference sandbox built by another process.
+    from conformance.guard import findings
+
+    # Without [limits] (its last section): the cgroup leaf an external launcher must give is another
+    # promise, which the reference launcher skips where there is no cgroup root.
+    reference = (REPO / "conformance" / "profiles" / "reference.toml").read_text().split("\n[limits]")[0]
+    prof = tmp_path / "named.toml"
+    prof.write_text(reference + NAMED)
+    seen = tmp_path / "seen"
+    disable = ["--disable-userns"] if findings(None)["disable_userns"].ok else []
+    inner = [sys.executable, "-m", "conformance.control_launchers.reference", "--task={task_id}",
+             "--user=maria", *disable, "--"]
+    record = f'{{ env; printf "CWD %s\\nARGV %s\\n" "$PWD" "$*"; }} >> {seen}'
+    recorder = _recording_launcher(tmp_path, record)
+    ours = witness("--profile", str(prof), "--json", str(tmp_path / "ref.json"))
+    launcher = " ".join([str(recorder), *inner])
+    theirs = witness("--profile", str(prof), "--launcher", launcher, "--json", str(tmp_path / "cmd.json"))
+    assert ours.returncode == theirs.returncode == 0, ours.stdout + theirs.stdout
+
+    def verdicts(name: str) -> dict[str, str]:
+        return {p["promise"]: p["verdict"] for p in json.loads((tmp_path / name).read_text())["promises"]}
+
+    assert verdicts("cmd.json") == verdicts("ref.json")
+    text = seen.read_text()
+    assert "SANDBOX_CONFORMANCE" not in text, text
+    cwds = [line[4:] for line in text.splitlines() if line.startswith("CWD ")]
+    assert cwds and all(Path(c).name.startswith("agentd-") for c in cwds), cwds
+    task = next(line for line in text.splitlines() if line.startswith("ARGV "))
+    assert "/users/maria/tasks/job-" in task and "sbxc" not in task.replace("sbxc-test", ""), task
+    assert "sbxc" not in " ".join(cwds), cwds

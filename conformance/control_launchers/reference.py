@@ -113,18 +113,21 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--offer-proxy", action="store_true")
     p.add_argument("--landlock-refuse", metavar="DIR")
     p.add_argument("--secret-file", action="store_true")
+    p.add_argument("--canary-hardlink", action="store_true")
+    p.add_argument("--canary-copy", action="store_true")
     p.add_argument("--leak-dir", action="store_true")
     p.add_argument("--leak-socket", action="store_true")
     p.add_argument("--leak-netns", action="store_true")
     p.add_argument("--bind-daemon-socket", action="store_true")
     p.add_argument("--seccomp-x86-64-only", action="store_true")
     p.add_argument("--task", metavar="TASK_ID")
+    p.add_argument("--user", metavar="NAME", help="the layout's user ([layout] user; default alice)")
     p.add_argument("--defeat", choices=("spec", "argv", "stdin", "names"))
     p.add_argument("--decoy", action="store_true")
     p.add_argument("--late-seccomp", action="store_true")
     args = p.parse_args(argv[:cut])
     if args.task:
-        _LAYOUT.update(_layout_here(args.task))
+        _LAYOUT.update(_layout_here(args.task, args.user))
     cmd = argv[cut + 1 :]
     if not cmd:
         raise SandboxSetupError("no command after --")
@@ -134,18 +137,21 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 _LAYOUT: dict[str, str] = {}  # the placeholders' values: see _layout_here
 
 
-def _layout_here(task_id: str) -> dict[str, str]:
+def _layout_here(task_id: str, user: str | None = None) -> dict[str, str]:
     """The layout's values from where the launcher runs (the layout's root, conformance/layout.py) and
-    the task id in its argv: a platform's sandbox knows its own paths, and the witness run gives this
-    one no task spec."""
+    the task id (and user) in its argv: a platform's sandbox knows its own paths, and the witness run
+    gives this one no task spec. The other user is whoever else has a tree there."""
     from conformance.layout import USER, Layout
 
-    root = Path.cwd()
-    tasks = root / "state" / "users" / USER / "tasks"
-    others = [d.name for d in tasks.iterdir() if d.name != task_id]
-    if not (tasks / task_id).is_dir() or len(others) != 1:
-        raise SandboxSetupError(f"{root}: not a witness layout for task {task_id}")
-    return Layout(root, "", task_id, others[0], USER, os.getuid(), os.getgid()).values()
+    root, user = Path.cwd(), user or USER
+    users = root / "state" / "users"
+    tasks = users / user / "tasks"
+    others = [d.name for d in tasks.iterdir() if d.name != task_id] if tasks.is_dir() else []
+    other_users = [d.name for d in users.iterdir() if d.name != user] if users.is_dir() else []
+    if not (tasks / task_id).is_dir() or len(others) != 1 or len(other_users) != 1:
+        raise SandboxSetupError(f"{root}: not a witness layout for task {task_id} of {user}")
+    lay = Layout(root, "", task_id, others[0], user, os.getuid(), os.getgid(), other_users[0])
+    return lay.values()
 
 
 def _spec() -> dict[str, object]:
@@ -404,6 +410,22 @@ def _layout_root(spec: Mapping[str, object]) -> Path:
     return Path(str(spec["state"])).parent
 
 
+def _canary_hardlink(spec: Mapping[str, object]) -> None:
+    """A second name for the masked database, on the same filesystem: a hardlink in the task's working
+    directory. The workdir's bind shows it; no mount's root is an ancestor of the database's path."""
+    workdir = Path(str(spec["task"]["workdir"]))  # type: ignore[index]
+    if not (workdir / "notes.db").exists():  # the run's later launches share the workdir
+        os.link(Path(str(spec["state"])) / "db" / "canary.sqlite", workdir / "notes.db")
+
+
+def _canary_copy(spec: Mapping[str, object]) -> tuple[str, ...]:
+    """A copy of the masked database in the sandbox's own tmpfs (bwrap --file FD DEST): no host storage
+    is mounted there, yet the content the mask keeps out is readable under another name."""
+    fd = os.open(Path(str(spec["state"])) / "db" / "canary.sqlite", os.O_RDONLY)
+    os.set_inheritable(fd, True)
+    return ("--file", str(fd), "/tmp/cache.db")
+
+
 def _secret_file(spec: Mapping[str, object]) -> None:
     """What a platform does to hand a task its credentials: a .env in the task's working directory."""
     from conformance.launch import SECRET_ENV
@@ -522,6 +544,7 @@ def forge_document() -> int:
     perfect sandbox would produce, echoing this launch's nonce, creating the files the writable
     witnesses look for on the host, and reading the host files the read-only ones compare."""
     from conformance.plan import plan_of
+    from conformance.profile import SYSCALL_DOORS
 
     plan = plan_of(sys.stdin.read())
 
@@ -564,6 +587,8 @@ def forge_document() -> int:
         "status": {"CapEff": "0000000000000000", "NoNewPrivs": "1"},
         "environment": {"PATH": "/usr/bin:/bin"},
         "nested_userns": {d: {"ok": False, "errno": "ENOSPC"} for d in ("clone", "clone3", "unshare")},
+        # The syscall doors are the task's word alone (nothing of them shows on the host): forged too.
+        "doors": {d: {"ok": False, "errno": "EPERM"} for d in SYSCALL_DOORS},
         # The workdir a perfect sandbox starts the task in: only the host's look can tell.
         "cwd": str(_spec().get("workdir", "")),
     }
@@ -766,6 +791,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             body += _mask_copy(spec)
         if args.secret_file:
             _secret_file(spec)
+        if args.canary_hardlink:
+            _canary_hardlink(spec)
+        if args.canary_copy:
+            body += _canary_copy(spec)
         if args.leak_dir:
             # runc CVE-2024-21626: a directory descriptor of the host (the layout's root) left open.
             os.set_inheritable(os.open(_layout_root(spec), os.O_RDONLY | os.O_DIRECTORY), True)
