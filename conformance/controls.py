@@ -543,6 +543,13 @@ REACH: tuple[Control, ...] = (
         needs=Needs.legacy_tiocsti,
     ),
     Control(
+        "shared_cache_under_workdir",
+        "the host's /var/tmp, storage every task shares, is bound read-write beneath the declared writable "
+        "workdir ({workdir}/cache): the workdir is declared, what is mounted under it is not",
+        launcher_args=("--append=--bind", "--append=/var/tmp", "--append={workdir}/cache"),
+        reddens=(WRITE_SURFACE,),
+    ),
+    Control(
         "canary_hardlinked",
         "the masked database has a second name on the same filesystem, a hardlink in the task's working "
         "directory: no mount's root is an ancestor of its path, yet its content is readable",

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ctypes
+import errno
 import functools
 import json
 import os
@@ -20,6 +22,7 @@ import shutil
 import signal
 import socket
 import struct
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -39,7 +42,7 @@ from conformance.launch import (
     launch,
 )
 from conformance.profile import Profile, expand
-from probes import netif
+from probes import netif, owner
 from probes.cgroupfs import own_cgroup
 from probes.finding import Finding, Verdict
 from probes.host import Host
@@ -48,6 +51,7 @@ from probes.run import Completed, minimal_env, run
 # The neighbour leaf's limits when the profile sets none (a leaf with "max" everywhere would not show
 # a successful write of "max").
 NEIGHBOUR_MEMORY_MAX = 64 << 20
+IPC_CREAT, IPC_EXCL, IPC_RMID = 0o1000, 0o2000, 0  # <linux/ipc.h>
 NEIGHBOUR_PIDS_MAX = 16
 
 
@@ -157,11 +161,12 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         daemon.listen(64)
         daemon.setblocking(False)
         self._daemon = daemon
-        secret_value = f"sbxc-secret-{nonce}"
+        secret_value = f"sk-{nonce}{secrets.token_hex(8)}"  # shaped like an API key, nothing of ours
         secret_file = self.layout.root / ".env"
         secret_file.write_text(f"{SECRET_ENV}={secret_value}\n")
         secret_file.chmod(0o644)
         self._host_sockets = (*observer.host_sockets(), unix_path)
+        shm_key = self._shm_segment()
         spaces = {}
         for ns in ("cgroup", "ipc", "mnt", "net", "pid", "user", "uts"):
             with contextlib.suppress(OSError):
@@ -179,7 +184,31 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             cgroup=_own_cgroup(),
             unix_path=unix_path,
             secret_file=str(secret_file),
+            shm_key=shm_key,
         )
+
+    def _shm_segment(self) -> int:
+        """A System V shared memory segment of the host's ipc namespace (0600, one page), removed with the
+        session: the key a task with an ipc namespace of its own cannot find. 0 where none can be made.
+        Labelled for the sweep before it exists (IPC objects outlive their creator, and a SIGKILLed run
+        would leave it; probes/owner.py label_shm)."""
+        libc = ctypes.CDLL(None, use_errno=True)
+        for _ in range(8):
+            key = secrets.randbelow(0x7FFFFFFF) + 1
+            try:
+                label = owner.label_shm(key, tempfile.gettempdir())
+            except OSError:
+                return 0
+            flags = ctypes.c_int(IPC_CREAT | IPC_EXCL | 0o600)
+            shmid = libc.shmget(ctypes.c_int(key), ctypes.c_size_t(4096), flags)
+            if shmid >= 0:
+                self._stack.callback(os.unlink, label)
+                self._stack.callback(libc.shmctl, ctypes.c_int(shmid), ctypes.c_int(IPC_RMID), None)
+                return key
+            os.unlink(label)
+            if ctypes.get_errno() != errno.EEXIST:
+                return 0
+        return 0
 
     @property
     def guard(self) -> dict[str, Finding]:

@@ -560,6 +560,16 @@ def nested_userns(fds: "Sequence[int]" = ()) -> "dict[str, object]":
     return doors
 
 
+def shm_trial(key: int) -> "dict[str, object]":
+    # The harness's System V segment (key), looked up without creating: ENOENT in an ipc namespace of
+    # the task's own (ipc_namespaces(7)); found, or refused by its 0600 mode (EACCES), in the host's.
+    libc = ctypes.CDLL(None, use_errno=True)
+    got = libc.shmget(ctypes.c_int(key), ctypes.c_size_t(0), ctypes.c_int(0))
+    if got < 0:
+        return {"ok": False, "errno": _errno()}
+    return {"ok": True, "errno": None}
+
+
 # ---- other syscall doors (plan["doors"]) ----------------------------------------------------------
 # Each kernel interface a sandbox usually closes, tried once with arguments that change nothing: the
 # answer (opened, or the errno) is what the profile's [syscalls] table judges. bubblewrap's and
@@ -1265,6 +1275,8 @@ def main(plan: "Mapping[str, Any]") -> None:
         doc["nested_userns"] = observe(nested_userns, fds)
     if plan.get("doors"):
         doc["doors"] = observe(doors, plan["doors"])
+    if plan.get("shm_key"):
+        doc["shm"] = observe(shm_trial, plan["shm_key"])
     doc["complete"] = True
     sys.stdout.write(json.dumps(doc) + "\n")
     sys.stdout.flush()

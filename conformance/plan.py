@@ -46,6 +46,9 @@ class HostView(NamedTuple):
     # (a platform's .env): a task must reach neither.
     unix_path: str = ""
     secret_file: str = ""
+    # A System V shared memory segment the harness holds (its key), which a task with an ipc namespace
+    # of its own cannot find; 0: none could be made.
+    shm_key: int = 0
 
 
 class Plan(NamedTuple):
@@ -77,6 +80,7 @@ class Plan(NamedTuple):
     # The other syscall doors (conformance/inside.py doors): the process outside to ptrace, or None when
     # the profile makes no syscalls promise.
     doors: Mapping[str, Any] | None = None
+    shm_key: int = 0  # HostView.shm_key, where the profile promises a private ipc namespace
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -94,6 +98,7 @@ class Plan(NamedTuple):
             "reach": dict(self.reach) if self.reach is not None else None,
             "terminal": self.terminal,
             "doors": dict(self.doors) if self.doors is not None else None,
+            "shm_key": self.shm_key,
         }
 
 
@@ -301,6 +306,7 @@ def build(
         doors={"ptrace_pid": host.harness_pid, "ptrace_cmdline": list(host.harness_cmdline)}
         if "syscalls" in profile.promises()
         else None,
+        shm_key=host.shm_key if "ipc" in profile.promises() else 0,
     )
 
 

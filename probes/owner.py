@@ -184,6 +184,27 @@ def unlabel(path: str) -> None:
         os.unlink(os.path.join(parent, f"{LABEL_PREFIX}{stamp()}-{name}"))
 
 
+_SHM_LABEL = re.compile(r"-shm-(\d+)\Z")
+
+
+def label_shm(key: int, parent: str) -> str:
+    """Label a System V shared memory segment (its key) for the sweep: an empty file
+    `.sbxc-owned-<stamp>-shm-KEY` in `parent`. IPC objects outlive their creator (ipc_namespaces(7)),
+    and a key carries no name of ours. Returns the label's path (removed by the owner with the segment)."""
+    path = os.path.join(parent, f"{LABEL_PREFIX}{stamp()}-shm-{key}")
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    return path
+
+
+def remove_shm(key: int) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    shmid = libc.shmget(ctypes.c_int(key), ctypes.c_size_t(0), ctypes.c_int(0))
+    if shmid >= 0:
+        libc.shmctl(ctypes.c_int(shmid), ctypes.c_int(0), None)  # IPC_RMID
+
+
 def _labelled(top: str, label: str) -> str | None:
     # The directory a label names: a plain name beside it, never a path elsewhere.
     try:
@@ -212,6 +233,12 @@ def sweep(*, dirs: Sequence[str] | None = None, prefixes: Sequence[str] = SWEPT_
             if owner is None or not (gone(owner) or (include_self and owner == me)):
                 continue
             path = os.path.join(top, name)
+            if labelled and (shm := _SHM_LABEL.search(name)):
+                remove_shm(int(shm[1]))
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                out.append(Swept(f"shared memory key {shm[1]}", owner))
+                continue
             if labelled:
                 target = _labelled(top, name)
                 if target is not None and os.path.isdir(target) and not os.path.islink(target):

@@ -307,3 +307,21 @@ def test_a_command_only_launcher_with_a_named_layout_gets_the_reference_launcher
     task = next(line for line in text.splitlines() if line.startswith("ARGV "))
     assert "/users/maria/tasks/job-" in task and "sbxc" not in task.replace("sbxc-test", ""), task
     assert "sbxc" not in " ".join(cwds), cwds
+
+
+def test_a_sandbox_the_host_cannot_observe_is_judged_on_what_its_task_shows(tmp_path: Path) -> None:
+    # Issue 29 (gVisor, a VM): where the host was declared unable to see the task, the promises the task
+    # shows by its own behaviour (the secret, host processes, shared memory, the hostname, what it can
+    # open and connect to) are judged from inside and say so; a sandbox that hands the task the
+    # launcher's whole environment is BROKEN there too, not "not tested".
+    why = "its tasks run in a user-space kernel"
+    honest = witness("--host-cannot-observe", why, "--json", str(tmp_path / "h.json"))
+    report = json.loads((tmp_path / "h.json").read_text())
+    rows = {p["promise"]: (p["verdict"], p["detail"]) for p in report["promises"]}
+    assert honest.returncode == 0, honest.stdout
+    for promise in ("environment", "secrets", "ipc", "uts", "devices", "host_sockets", "kernel_interfaces"):
+        assert rows[promise] == ("kept", "task's view only: the host could not observe the task"), promise
+    assert rows["capabilities"][0] == "not tested", "a kernel state only the host can read stays not tested"
+    leaky = witness("--host-cannot-observe", why, "--perturb", "env_kept", "--json", str(tmp_path / "l.json"))
+    rows = {p["promise"]: p["verdict"] for p in json.loads((tmp_path / "l.json").read_text())["promises"]}
+    assert leaky.returncode == 1 and rows["environment"] == "BROKEN", leaky.stdout

@@ -52,3 +52,23 @@ def test_the_sweep_follows_a_dead_runs_label_and_only_to_a_directory_beside_it(t
         assert outside.is_dir()
     finally:
         outside.rmdir()
+
+
+def test_the_sweep_removes_a_dead_runs_shared_memory_segment_by_its_label(tmp_path: Path) -> None:
+    # The ipc witness's segment outlives a SIGKILLed run (ipc_namespaces(7)); its label names the key.
+    import ctypes
+    import secrets
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = secrets.randbelow(0x7FFFFFFF) + 1
+    shmid = libc.shmget(ctypes.c_int(key), ctypes.c_size_t(4096), ctypes.c_int(0o1000 | 0o2000 | 0o600))
+    assert shmid >= 0, os.strerror(ctypes.get_errno())
+    try:
+        (tmp_path / f"{owner.LABEL_PREFIX}{_dead()}-shm-{key}").touch()
+        live = owner.label_shm(key + 1, str(tmp_path))  # ours, alive: never touched
+        swept = owner.sweep(dirs=[str(tmp_path)])
+        assert [s.path for s in swept] == [f"shared memory key {key}"]
+        assert libc.shmget(ctypes.c_int(key), ctypes.c_size_t(0), ctypes.c_int(0)) < 0
+        assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(live)]
+    finally:
+        owner.remove_shm(key)
