@@ -829,7 +829,7 @@ PSEUDO_FS = (
 
 
 def alias_scan(
-    canaries: "Sequence[Mapping[str, Any]]", own: "Sequence[str]", table: "Sequence[Mapping[str, Any]]"
+    canaries: "Sequence[Mapping[str, Any]]", own: "Sequence[str]", table: object
 ) -> "dict[str, object]":
     # A protected file's content under any other name, whatever shows it there: a hardlink or a second
     # bind (the same device and inode), a copy, an overlay of the host's tree (the same bytes: each
@@ -839,7 +839,11 @@ def alias_scan(
     sizes = {int(c["size"]) for c in canaries}
     inodes = {(int(c["dev"]), int(c["ino"])) for c in canaries}
     contents = {unmask(c["masked"], c["key"]) for c in canaries}
-    points = sorted({str(m["mount_point"]) for m in table if m.get("fstype") not in PSEUDO_FS})
+    if isinstance(table, list):
+        points = sorted({str(m["mount_point"]) for m in table if m.get("fstype") not in PSEUDO_FS})
+    else:  # no mount table to read (a /proc that is not one): the root, and each directory at its top
+        tops = [n for n in os.listdir("/") if n not in ("proc", "sys", "dev")]
+        points = ["/", *("/" + n for n in sorted(tops))]
     found: list[str] = []
     same_inode: list[str] = []
 
@@ -1079,7 +1083,7 @@ def reach(spec: "Mapping[str, Any]", fds: "Sequence[int]", doc: "dict[str, objec
     doc["devices"] = observe(device_trials, spec.get("devices_allowed", {}), points)
     sockets = [*spec.get("socket_roots", []), *roots]
     doc["unix_sockets"] = observe(unix_trials, spec.get("unix_paths", []), sockets)
-    if spec.get("canaries") and isinstance(table, list):
+    if spec.get("canaries"):
         doc["aliases"] = observe(alias_scan, spec["canaries"], spec.get("protected", []), table)
 
 
