@@ -104,8 +104,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(sets --profile and --launcher; `sandbox-conformance adapters` lists them); a BROKEN promise's "
         "remedy then names that tool's flags",
     )
-    p.add_argument("--only", action="append", default=[], metavar="ID[,ID]", help=promises.ONLY_HELP)
-    p.add_argument("--skip", action="append", default=[], metavar="ID[,ID]", help=promises.SKIP_HELP)
+    p.add_argument("--only", action="append", default=[], metavar="IDS", help=promises.ONLY_HELP)
+    p.add_argument("--skip", action="append", default=[], metavar="IDS", help=promises.SKIP_HELP)
     p.add_argument("--as-user", metavar="NAME", help="(root only) launch tasks as this unprivileged user")
     p.add_argument("--junitxml", metavar="FILE", help="write JUnit XML here")
     p.add_argument(

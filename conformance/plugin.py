@@ -125,9 +125,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="DIR",
         help="make each task's layout under DIR (default: $TMPDIR or /tmp)",
     )
-    group.addoption("--sbxc-only", dest="sbxc_only", action="append", default=[], metavar="ID[,ID]",
+    group.addoption("--sbxc-only", dest="sbxc_only", action="append", default=[], metavar="IDS",
                     help=promises.ONLY_HELP)
-    group.addoption("--sbxc-skip", dest="sbxc_skip", action="append", default=[], metavar="ID[,ID]",
+    group.addoption("--sbxc-skip", dest="sbxc_skip", action="append", default=[], metavar="IDS",
                     help=promises.SKIP_HELP)
     # For the negative controls (issue 6): flip ONE thing in the reference sandbox. Hidden.
     group.addoption(
