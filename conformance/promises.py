@@ -26,6 +26,7 @@ class Promise(NamedTuple):
     default: bool = False
 
 
+NOT_CLAIMED = "every profile, unless [promises] not_claimed disclaims it"
 # In the order the report groups them (conformance/profile.py Profile.promises()).
 CATALOGUE: tuple[Promise, ...] = (
     Promise("masked", "a masked path is an empty read-only tmpfs: the host's content there unreadable",
@@ -70,18 +71,18 @@ CATALOGUE: tuple[Promise, ...] = (
             "[limits]"),
     Promise("memory_max", "an allocation past memory.max is OOM-killed", "[limits] memory_max"),
     Promise("pids_max", "forking past pids.max fails with EAGAIN", "[limits] pids_max"),
-    Promise("descriptors", "no descriptor the task holds leads out of its sandbox", "every profile",
+    Promise("descriptors", "no descriptor the task holds leads out of its sandbox", NOT_CLAIMED,
             default=True),
-    Promise("secrets", "the launcher's planted secret is readable nowhere inside", "every profile",
+    Promise("secrets", "the launcher's planted secret is readable nowhere inside", NOT_CLAIMED,
             default=True),
     Promise("kernel_interfaces", "the host's kernel settings (/proc/sys, sysrq-trigger, uevent_helper) "
-            "cannot be opened for writing", "every profile", default=True),
-    Promise("devices", "only allowlisted device nodes open", "every profile", default=True),
-    Promise("host_sockets", "no host unix socket can be connected to", "every profile", default=True),
-    Promise("lifecycle", "the task dies with its launcher (SIGKILLed at the handshake)", "every profile",
+            "cannot be opened for writing", NOT_CLAIMED, default=True),
+    Promise("devices", "only allowlisted device nodes open", NOT_CLAIMED, default=True),
+    Promise("host_sockets", "no host unix socket can be connected to", NOT_CLAIMED, default=True),
+    Promise("lifecycle", "the task dies with its launcher (SIGKILLed at the handshake)", NOT_CLAIMED,
             default=True),
     Promise("terminal", "the task cannot push input into the terminal it was started from (TIOCSTI)",
-            "every profile", default=True),
+            NOT_CLAIMED, default=True),
 )
 BY_ID = {p.id: p for p in CATALOGUE}
 IDS = tuple(BY_ID)
@@ -144,3 +145,16 @@ def select(only: Iterable[str] = (), skip: Iterable[str] = ()) -> Selection:
 ONLY_HELP = ("test only these promises, by id (README's promise table says what each means); repeatable; "
              "the others are reported `not selected`. Ids: " + ", ".join(IDS))
 SKIP_HELP = "leave these promises out (reported `not selected`, never kept); repeatable"
+
+
+def table_markdown() -> list[str]:
+    """The catalogue as the README's table (`python -m conformance.promises`; tests/test_promises.py
+    keeps the README's copy equal to it)."""
+    out = ["<!-- promises:begin (python -m conformance.promises) -->",
+           "| id | kept means | made by |", "|---|---|---|"]
+    out += [f"| `{p.id}` | {p.meaning} | {p.made_by} |" for p in CATALOGUE]
+    return [*out, "<!-- promises:end -->"]
+
+
+if __name__ == "__main__":
+    print("\n".join(table_markdown()))

@@ -315,3 +315,10 @@ def test_the_reports_schema_lists_exactly_the_catalogued_ids_and_kinds() -> None
     defs = schema()["$defs"]
     assert defs["promise_id"]["enum"] == list(promises.IDS)
     assert defs["sandbox"]["enum"] == list(remedies.KINDS)
+
+
+def test_the_readmes_promise_table_is_the_catalogue() -> None:
+    text = (REPO / "README.md").read_text()
+    begin, end = text.index("<!-- promises:begin"), text.index("<!-- promises:end -->")
+    assert text[begin:end + len("<!-- promises:end -->")].splitlines() == promises.table_markdown(), \
+        "README's promise table is stale: paste `python -m conformance.promises` over it"
