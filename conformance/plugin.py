@@ -155,7 +155,8 @@ def pytest_configure(config: pytest.Config) -> None:
     try:  # the ids now, a usage error (exit 4) before collection; the profile's part waits for settings()
         promises.select(config.getoption("sbxc_only") or (), config.getoption("sbxc_skip") or ())
     except promises.SelectionError as e:
-        raise pytest.UsageError(f"--sbxc-{str(e)[2:]}") from None
+        named = str(e).replace("--only", "--sbxc-only").replace("--skip", "--sbxc-skip")
+        raise pytest.UsageError(named) from None
     if _settings_key in config.stash:  # handed over by the witness command (Preset)
         if config.stash[_settings_key].guard is None:
             from conformance.guard import prefetch

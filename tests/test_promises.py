@@ -142,6 +142,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
      "sandbox-conformance witness: --only and --skip both name secrets"),
     (("witness", "--only", "hidden"), "sandbox-conformance witness: --only: leaves none of the promises"),
     (("run", "--skip", "bogus"), "sandbox-conformance run: --skip bogus: no such promise id"),
+    (("run", "--only", "hidden"), "sandbox-conformance run: --only: leaves none of the promises profile"),
 ])
 def test_a_bad_selection_is_exit_2_before_any_work(args: tuple[str, ...], line: str) -> None:
     done = _cli(*args)
