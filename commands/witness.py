@@ -1,7 +1,8 @@
 """`sandbox-conformance witness`: run the witness suite on this host (no mode logic).
 
-stdout: the promise table (`kept`, `BROKEN: what the task saw`, `not tested: why`; conformance/render.py),
-then a summary. pytest's own report goes to a log, or to stderr under -v (conformance/output.py).
+stdout: the promise table (`kept`, `BROKEN: what the task saw` with the remedy for this sandbox kind under
+it, `not tested: why`, `not selected` for what --only/--skip left out; conformance/render.py), then a
+summary. pytest's own report goes to a log, or to stderr under -v (conformance/output.py).
 Exit 0 every witness passed (skips only as gated), 1 a witness went red or a harness error, 2 bad
 input, 75 nothing could run (no bwrap and no --launcher, or the launcher exited 75: its sandbox cannot
 run on this host or as this user, said once with the launcher's reason)."""
