@@ -6,11 +6,12 @@ folded to its tool: runc and crun are `oci`, a `bwrap-*` adapter is `bwrap`), th
 of conformance/promises.py has a generic entry (tests/test_promises.py checks); a kind without an entry
 of its own for a promise gets the generic one.
 
-The flags are the tools' real ones, checked against their own `--help` and manual on the test host
-(bubblewrap 0.8, util-linux 2.38, firejail 0.9.72, podman 4.3, systemd 252, runsc, docker 20.10) or,
-for srt and codex, against the settings conformance/adapters/ writes; where a tool has no setting that
-keeps a promise, the fix says so rather than invent one. A remedy is advice for a person: it names
-what usually causes the failure, not what caused this one (the row's detail says what the task saw).
+The flags are the tools' real ones, checked against their own `--help`, manuals and `runc spec` on the
+test host (bubblewrap 0.8.0, util-linux 2.38.1, firejail 0.9.72, podman 4.3.1, systemd 252, runsc
+20221219, runc 1.1.5, docker 28.2) or, for srt and codex, against the settings conformance/adapters/
+writes and their documentation; where a tool has no setting that keeps a promise, the fix says so
+rather than invent one. A remedy is advice for a person: it names what usually causes the failure, not
+what caused this one (the row's detail says what the task saw).
 
 Pure data and pure functions, on the witness command's path: no I/O, no imports of ours."""
 
