@@ -98,6 +98,7 @@ def _validate(args: argparse.Namespace, request: Request) -> None:
             raise UsageError(f"--as-user {args.as_user}: {problem}")
     check_seconds("--timeout", args.timeout)
     output.check_arguments(args)  # --format, -v, --log: the witness command's own rules
+    witness_args.check(args)  # --only, --skip: known promise ids, none in both
     if args.verdict_json == "-":
         raise UsageError(f"{run_verdict.FLAG}: a file, not '-' (stdout carries the suite's own output)")
     for flag, value in (("--junitxml", args.junitxml), ("--json", args.json),

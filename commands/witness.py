@@ -1,7 +1,8 @@
 """`sandbox-conformance witness`: run the witness suite on this host (no mode logic).
 
-stdout: the promise table (`kept`, `BROKEN: what the task saw`, `not tested: why`; conformance/render.py),
-then a summary. pytest's own report goes to a log, or to stderr under -v (conformance/output.py).
+stdout: the promise table (`kept`, `BROKEN: what the task saw` with the remedy for this sandbox kind under
+it, `not tested: why`, `not selected` for what --only/--skip left out; conformance/render.py), then a
+summary. pytest's own report goes to a log, or to stderr under -v (conformance/output.py).
 Exit 0 every witness passed (skips only as gated), 1 a witness went red or a harness error, 2 bad
 input, 75 nothing could run (no bwrap and no --launcher, or the launcher exited 75: its sandbox cannot
 run on this host or as this user, said once with the launcher's reason)."""
@@ -19,10 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import conformance
-from conformance import guard, handover, output
+from conformance import guard, handover, output, promises, remedies
 from conformance import settings as settings_mod
 from conformance.launch import LauncherKind
 from conformance.profile import PLACEHOLDERS
+from conformance.render import Row, family_of
 from conformance.settings import Settings
 
 if TYPE_CHECKING:
@@ -100,8 +102,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="test a sandbox this project did not write: unshare, runc, crun, systemd-run, docker, srt or "
         "codex "
-        "(sets --profile and --launcher; `sandbox-conformance adapters` lists them)",
+        "(sets --profile and --launcher; `sandbox-conformance adapters` lists them); a BROKEN promise's "
+        "remedy then names that tool's flags",
     )
+    p.add_argument("--only", action="append", default=[], metavar="IDS", help=promises.ONLY_HELP)
+    p.add_argument("--skip", action="append", default=[], metavar="IDS", help=promises.SKIP_HELP)
     p.add_argument("--as-user", metavar="NAME", help="(root only) launch tasks as this unprivileged user")
     p.add_argument("--junitxml", metavar="FILE", help="write JUnit XML here")
     p.add_argument(
@@ -214,7 +219,7 @@ def _first_line(report: Any) -> str:
     return (lines[0][1:].strip() if lines else text.strip().splitlines()[-1] if text.strip() else "?")[:300]
 
 
-def promise_lines(results: list[_Result]) -> list[tuple[str, str, str]]:
+def promise_lines(results: list[_Result]) -> list[Row]:
     """(promise label, verdict, detail) in collection order; one line per promise."""
     by: dict[str, list[_Result]] = {}
     for r in results:
@@ -242,6 +247,26 @@ def promise_lines(results: list[_Result]) -> list[tuple[str, str, str]]:
             out.append((label, "kept", TASK_VIEW_ONLY))
         else:
             out.append((label, "kept", ""))
+    return out
+
+
+def not_selected(settings: Settings) -> list[Row]:
+    """A row per promise the profile makes that --only/--skip left out: `not selected`, never kept, in
+    the profile's order."""
+    prof = settings.profile
+    made = prof._replace(unselected=frozenset()).promises()
+    return [(pid, "not selected", settings.selection.why(pid)) for pid in made if pid in prof.unselected]
+
+
+def remedies_for(lines: list[Row], sandbox: str) -> dict[str, remedies.Remedy]:
+    """The remedy of each promise with a BROKEN row, by promise id (conformance/remedies.py)."""
+    out: dict[str, remedies.Remedy] = {}
+    for label, verdict, _ in lines:
+        pid = family_of(label)
+        if verdict == "BROKEN" and pid not in out:
+            r = remedies.remedy(pid, sandbox)
+            if r is not None:
+                out[pid] = r
     return out
 
 
@@ -287,6 +312,9 @@ def _validate(args: argparse.Namespace) -> Settings:
             layout_root=getattr(args, "layout_root", None),
             launcher_spec=getattr(args, "launcher_spec", False),
             launcher_stdin=getattr(args, "launcher_stdin", False),
+            only=getattr(args, "only", None) or (),
+            skip=getattr(args, "skip", None) or (),
+            adapter=getattr(args, "adapter", None) or None,
         )
     except settings_mod.SettingsError as e:
         raise UsageError(str(e)) from None
@@ -447,14 +475,12 @@ def _pytest_argv(args: argparse.Namespace, junit: Path | None = None) -> list[st
 
 
 def _document(args: argparse.Namespace, settings: Settings, code: int, rc: int,
-              lines: list[tuple[str, str, str]], results: list[_Result], skip_problem: str | None,
-              tasks: list[Task], launcher_name: str) -> dict[str, Any]:
-    """The witness report (`--json`; docs/json-documents.md): every promise with its tests, and every
-    task with what it saw and what the host saw of it."""
+              lines: list[Row], results: list[_Result], skip_problem: str | None,
+              tasks: list[Task], launcher_name: str, remedy: dict[str, remedies.Remedy]) -> dict[str, Any]:
+    """The witness report (`--json`; docs/json-documents.md): every promise with its id, tests and (when
+    BROKEN) remedy, and every task with what it saw and what the host saw of it."""
     perturbed = sorted(settings.perturbations)
-    kept = sum(1 for _, v, _ in lines if v == "kept")
-    broken = sum(1 for _, v, _ in lines if v == "BROKEN")
-    untested = sum(1 for _, v, _ in lines if v == "not tested")
+    counts = _count(v for _, v, _ in lines)
     prof = settings.profile
     return {
         "version": 1,
@@ -462,14 +488,21 @@ def _document(args: argparse.Namespace, settings: Settings, code: int, rc: int,
         "profile": prof.name,
         "profile_source": prof.source,
         "launcher": launcher_name,
+        "sandbox": settings.sandbox_kind,
         "as_user": args.as_user,
         "perturbations": perturbed,
-        "summary": {"kept": kept, "broken": broken, "not_tested": untested, "pytest_exit": rc},
+        "selection": settings.selection.to_json(),
+        "summary": {"kept": counts.get("kept", 0), "broken": counts.get("BROKEN", 0),
+                    "not_tested": counts.get("not tested", 0), "not_selected": counts.get("not selected", 0),
+                    "pytest_exit": rc},
         "promises": [
             {
+                "id": family_of(label),
                 "promise": label,
                 "verdict": v,
                 "detail": d,
+                "remedy": remedy[family_of(label)].to_json()
+                if v == "BROKEN" and family_of(label) in remedy else None,
                 "tests": [r._asdict() for r in results if r.label == label],
             }
             for label, v, d in lines
@@ -532,7 +565,8 @@ def _pytest_session(args: argparse.Namespace, out: output.WitnessOutput, setting
         # harness errors, one per witness; the reason once, and 75 (commands/cli.py).
         raise Refusal(collector.unavailable)
     results = list(collector.results.values())
-    lines = promise_lines(results)
+    lines = promise_lines(results) + not_selected(settings)
+    remedy = remedies_for(lines, settings.sandbox_kind)
     config = collector.config
 
     skip_problem = plugin.expected_skip_problems(config) if config is not None else None
@@ -550,14 +584,15 @@ def _pytest_session(args: argparse.Namespace, out: output.WitnessOutput, setting
     else:
         code = EXIT_FAIL
     perturbed = sorted(settings.perturbations)
-    kept = sum(1 for _, v, _ in lines if v == "kept")
-    broken = sum(1 for _, v, _ in lines if v == "BROKEN")
-    untested = sum(1 for _, v, _ in lines if v == "not tested")
+    counts = _count(v for _, v, _ in lines)
     launcher_name = launcher.name if launcher else "reference launcher (bwrap)"
     # The summary line, `witness: N kept, N BROKEN, N not tested (...): PASS|FAIL [...]`, is parsed
-    # (mrcheck/tiers.py, tests): its shape stays; only the verdict word is coloured on a terminal.
+    # (mrcheck/tiers.py, tests): its shape stays; only the verdict word is coloured on a terminal. A
+    # selection (--only/--skip) adds `, N not selected` after `not tested`.
+    unselected = counts.get("not selected", 0)
     head = (
-        f"witness: {kept} kept, {broken} BROKEN, {untested} not tested "
+        f"witness: {counts.get('kept', 0)} kept, {counts.get('BROKEN', 0)} BROKEN, "
+        f"{counts.get('not tested', 0)} not tested{f', {unselected} not selected' if unselected else ''} "
         f"(profile {prof.name}, {launcher_name}{', as ' + args.as_user if args.as_user else ''}"
         f"{', perturbed ' + ','.join(perturbed) if perturbed else ''})"
     )
@@ -578,7 +613,7 @@ def _pytest_session(args: argparse.Namespace, out: output.WitnessOutput, setting
     text = None
     if args.json:
         tasks = plugin.tasks(config) if config is not None else []
-        doc = _document(args, settings, code, rc, lines, results, skip_problem, tasks, launcher_name)
+        doc = _document(args, settings, code, rc, lines, results, skip_problem, tasks, launcher_name, remedy)
         text = json.dumps(doc, indent=2, default=str)
         if args.json != "-" and not written:
             try:
@@ -588,7 +623,8 @@ def _pytest_session(args: argparse.Namespace, out: output.WitnessOutput, setting
     if written:
         problems.append(written)
         code = EXIT_FAIL
-    out.report(lines, problems=problems, head=head, word="PASS" if code == EXIT_OK else "FAIL", tail=tail)
+    out.report(lines, problems=problems, head=head, word="PASS" if code == EXIT_OK else "FAIL", tail=tail,
+               remedies={pid: r.line() for pid, r in remedy.items()})
     if text is not None and args.json == "-":
         print(text)
     return code

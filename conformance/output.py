@@ -165,18 +165,20 @@ class WitnessOutput:
             sink.close()
 
     def report(self, rows: Sequence[Row], *, problems: Sequence[str], head: str, word: str,
-               tail: str) -> None:
-        """The table (or lines, or Markdown), what else went wrong, then the summary line
-        `HEAD: WORD TAIL`, which is what runners and tests read last."""
+               tail: str, remedies: Mapping[str, str] | None = None) -> None:
+        """The table (or lines, or Markdown) with each BROKEN promise's remedy (by promise id), what
+        else went wrong, then the summary line `HEAD: WORD TAIL`, which is what runners and tests read
+        last."""
         if self.json_stdout:
             return
         summary = f"{head}: {word} {tail}"
         rows = render.said_once(rows, problems)
         if self.fmt is Format.markdown:
-            out = render.witness_markdown(rows, word=word, summary=summary, problems=problems)
+            out = render.witness_markdown(rows, word=word, summary=summary, problems=problems,
+                                          remedies=remedies)
         else:
-            body = (render.table_text(rows, width=self.width, style=self.style) if self.fmt is Format.table
-                    else render.lines_text(rows, self.style))
+            body = (render.table_text(rows, width=self.width, style=self.style, remedies=remedies)
+                    if self.fmt is Format.table else render.lines_text(rows, self.style, remedies))
             out = [*body, *(self.style.paint(p, "yellow") for p in problems),
                    f"{head}: {self.style.verdict(word)} {tail}"]
         self.stdout.write("".join(line + "\n" for line in out))

@@ -13,6 +13,8 @@ Options (each mirrored by an ini key where it makes sense to pin it in a project
   --sbxc-layout-root DIR   make each task's layout under DIR (default $TMPDIR or /tmp)
   --sbxc-host-cannot-observe WHY  the launcher's tasks are out of this host's sight: kernel-state
                            promises are `not tested: WHY`
+  --sbxc-only ID[,ID]      test only these promises (conformance/promises.py ids); repeatable
+  --sbxc-skip ID[,ID]      leave these promises out; repeatable
 The options carry an `sbxc-` prefix because this plugin is loaded into EVERY pytest session of an
 environment it is installed in, and a bare `--profile` collides with other plugins (pytest-profiling).
 `sandbox-conformance witness` offers the bare names.
@@ -32,8 +34,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from _pytest._code.code import ExceptionRepr  # the failure report pytest's junitxml reads (7.2 to 9.x)
 
 from conformance import profile as profile_mod
+from conformance import promises, remedies
 from conformance import settings as settings_mod
 from conformance.harness import WitnessSession
 from conformance.launch import HarnessError, Launcher, SandboxUnavailable, external
@@ -62,6 +66,7 @@ _guard_key = pytest.StashKey[dict[str, Finding]]()
 _skipped_key = pytest.StashKey[dict[str, str]]()
 _tasks_key = pytest.StashKey[list[Task]]()
 _session_key = pytest.StashKey[WitnessSession]()
+_unselected_key = pytest.StashKey[frozenset[str]]()  # skip keys of witnesses --only/--skip left out
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -120,6 +125,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="DIR",
         help="make each task's layout under DIR (default: $TMPDIR or /tmp)",
     )
+    group.addoption("--sbxc-only", dest="sbxc_only", action="append", default=[], metavar="IDS",
+                    help=promises.ONLY_HELP)
+    group.addoption("--sbxc-skip", dest="sbxc_skip", action="append", default=[], metavar="IDS",
+                    help=promises.SKIP_HELP)
     # For the negative controls (issue 6): flip ONE thing in the reference sandbox. Hidden.
     group.addoption(
         "--sbxc-perturb", dest="sbxc_perturb", action="append", default=[], help=argparse.SUPPRESS
@@ -143,6 +152,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.stash[_skipped_key] = {}
     config.stash[_tasks_key] = []
+    try:  # the ids now, a usage error (exit 4) before collection; the profile's part waits for settings()
+        promises.select(config.getoption("sbxc_only") or (), config.getoption("sbxc_skip") or ())
+    except promises.SelectionError as e:
+        named = str(e).replace("--only", "--sbxc-only").replace("--skip", "--sbxc-skip")
+        raise pytest.UsageError(named) from None
     if _settings_key in config.stash:  # handed over by the witness command (Preset)
         if config.stash[_settings_key].guard is None:
             from conformance.guard import prefetch
@@ -196,6 +210,8 @@ def settings(config: pytest.Config) -> Settings:
             # launch is made to look like a workload (docs/threat-model.md).
             launcher_spec=True,
             launcher_stdin=True,
+            only=config.getoption("sbxc_only") or (),
+            skip=config.getoption("sbxc_skip") or (),
         )
     except settings_mod.SettingsError as e:
         # The plugin's options carry the sbxc- prefix: name them as the user typed them.
@@ -212,7 +228,8 @@ def _active(config: pytest.Config) -> bool:
         return True
     if any(
         config.getoption(n, default=None)
-        for n in ("sbxc_profile", "sbxc_launcher", "sbxc_as_user", "sbxc_expected_skips", "sbxc_perturb")
+        for n in ("sbxc_profile", "sbxc_launcher", "sbxc_as_user", "sbxc_expected_skips", "sbxc_perturb",
+                  "sbxc_only", "sbxc_skip")
     ):
         return True
     if any(config.getini(n) for n in ("sbxc_profile", "sbxc_launcher")):
@@ -241,6 +258,9 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         + (f"; as user {s.as_user}" if s.as_user else "")
         + (f"; perturbed: {', '.join(sorted(s.perturbations))}" if s.perturbations else "")
     ]
+    if s.selection:
+        left_out = ", ".join(sorted(s.profile.unselected))
+        lines.append(f"  promises left out (--sbxc-only/--sbxc-skip): {left_out}")
     lines += [f"  probe {f.probe}: {f.verdict}: {f.reason}" for f in guard(config).values()]
     return lines
 
@@ -270,6 +290,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if (_family(i) and _family(i) not in made)
         or (i.get_closest_marker("harness_leaf") and not s.leaves_by_harness)
     ]
+    # A listed expected skip of a witness the selection left out is neither a new skip nor a stale entry.
+    config.stash[_unselected_key] = frozenset(skip_key(i.nodeid) for i in drop
+                                              if _family(i) in s.profile.unselected)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = [i for i in items if i not in drop]
@@ -304,6 +327,7 @@ def pytest_runtest_makereport(
     elif call.excinfo is not None and call.excinfo.errisinstance(AssertionError):
         saw = str(call.excinfo.value)
         _note(item, report, "sbxc_saw", saw.splitlines()[0] if saw else "assertion failed")
+        _remedy(item, report, family)
     if report.skipped and not hasattr(report, "wasxfail"):
         s = settings(item.config)
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
@@ -325,6 +349,22 @@ def pytest_runtest_makereport(
             _note(item, report, "sbxc_required_skip", reason)
 
 
+def _remedy(item: pytest.Item, report: pytest.TestReport, family: str) -> None:
+    """A broken promise's remedy (conformance/remedies.py) for the sandbox at hand, where a JUnit reader
+    sees it: a property, the end of the <failure message> (pytest's junitxml takes it from the crash
+    line) and a section of the failure's text. The message still starts `AssertionError`."""
+    r = remedies.remedy(family, settings(item.config).sandbox_kind)
+    if r is None:
+        return
+    line = r.line()
+    _note(item, report, "sbxc_remedy", line)
+    longrepr = report.longrepr
+    if isinstance(longrepr, ExceptionRepr):  # a call that raised: never a plain string or a skip's tuple
+        if longrepr.reprcrash is not None and line not in longrepr.reprcrash.message:
+            longrepr.reprcrash.message = f"{longrepr.reprcrash.message}\n{line}"
+        longrepr.addsection(f"how to keep `{family}` ({r.sandbox})", line)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     if _settings_key not in config.stash:
@@ -343,7 +383,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         for k in sorted(set(skipped) & set(s.expected_skips))
         if s.expected_skips[k] not in skipped[k]
     ]
-    for k in sorted(set(s.expected_skips) - set(skipped)):
+    left_out: frozenset[str] = config.stash.get(_unselected_key, frozenset[str]())
+    for k in sorted(set(s.expected_skips) - set(skipped) - left_out):
         problems.append(f"listed skip ran: {k}" if k in seen else f"listed skip no longer exists: {k}")
     if problems:
         config.stash[_skipped_key]["__problems__"] = " ; ".join(problems)

@@ -213,6 +213,8 @@ class Profile(NamedTuple):
     # [syscalls]: door -> "refused", "allowed" or a tuple of errno names, as the profile declares them
     # (`doors` adds the defaults).
     syscalls: Mapping[str, str | tuple[str, ...]] = EMPTY
+    # Made, but left out of this run (`witness --only/--skip`, conformance/promises.py): not tested.
+    unselected: frozenset[str] = frozenset()
 
     def doors(self) -> dict[str, str | tuple[str, ...]]:
         """How each syscall door must answer: the profile's [syscalls], over the defaults."""
@@ -265,7 +267,8 @@ class Profile(NamedTuple):
             "pids_max": self.limits.pids_max is not None,
             **{k: True for k in DEFAULT_PROMISES},
         }
-        return tuple(k for k, v in made.items() if v and k not in self.not_claimed)
+        left_out = {*self.not_claimed, *self.unselected}
+        return tuple(k for k, v in made.items() if v and k not in left_out)
 
 
 # ---- placeholders -------------------------------------------------------------------------------

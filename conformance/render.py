@@ -2,11 +2,14 @@
 or as Markdown to paste into a merge request, a refusal as Markdown, and whether to use colour.
 
 Pure functions over the rows `commands/witness.py promise_lines()` makes, `(promise, verdict, what the
-task saw)`; the only inputs from outside are a stream's tty-ness and an environment, both passed in.
-`mrcheck/report.py` may call `table_markdown` / `refusal_markdown` for the same table in mr-check.
+task saw)`, and the remedy line of each promise that has a BROKEN row (conformance/remedies.py, by
+promise id), printed once under that promise's last BROKEN row; the only inputs from outside are a
+stream's tty-ness and an environment, both passed in. `mrcheck/report.py` may call `table_markdown` /
+`refusal_markdown` for the same table in mr-check.
 
 The `lines` form, `promise: verdict[: detail]` one per line, is a contract: mrcheck/tiers.py, the
-fleet tooling and the tests parse it. The `table` form is for eyes only."""
+fleet tooling and the tests parse it. A remedy line is indented (`  usually: ...`), so a parser of
+rows passes over it. The `table` form is for eyes only."""
 
 from __future__ import annotations
 
@@ -16,9 +19,11 @@ import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple, TextIO
 
-Row = tuple[str, str, str]  # (promise label, verdict: kept | BROKEN | not tested, what the task saw)
+Row = tuple[str, str, str]  # (promise label, verdict: one of VERDICTS, what the task saw)
 
-VERDICTS = ("kept", "BROKEN", "not tested")
+# `not selected`: a promise the profile makes that --only/--skip left out of this run; never kept.
+VERDICTS = ("kept", "BROKEN", "not tested", "not selected")
+REMEDY_HEAD = "usually: "  # how a remedy line starts (conformance/remedies.py Remedy.line)
 HEADER = ("PROMISE", "VERDICT", "WHAT THE TASK SAW")
 MIN_DETAIL = 30  # narrower than this, a wrapped detail column reads worse than a long line
 
@@ -58,6 +63,7 @@ VERDICT_STYLE: dict[str, tuple[str, ...]] = {
     "kept": ("green",),
     "BROKEN": ("bold", "red"),
     "not tested": ("yellow",),
+    "not selected": ("dim",),
     "PASS": ("bold", "green"),
     "FAIL": ("bold", "red"),
 }
@@ -108,12 +114,31 @@ def said_once(rows: Iterable[Row], problems: Sequence[str]) -> list[Row]:
     return [(label, verdict, SAID_BELOW if detail in shown else detail) for label, verdict, detail in rows]
 
 
-def lines_text(rows: Iterable[Row], style: Style = PLAIN) -> list[str]:
-    return [f"{label}: {style.verdict(verdict)}{': ' + detail if detail else ''}"
-            for label, verdict, detail in grouped(rows)]
+def remedy_after(rows: Sequence[Row], remedies: Mapping[str, str]) -> dict[int, str]:
+    """Where each remedy goes: the index of its promise's last BROKEN row -> the line (once per promise,
+    however many of its paths broke)."""
+    last: dict[str, int] = {}
+    for i, (label, verdict, _) in enumerate(rows):
+        if verdict == "BROKEN" and family_of(label) in remedies:
+            last[family_of(label)] = i
+    return {i: remedies[family] for family, i in last.items()}
 
 
-_LINE = re.compile(r"^(?P<promise>\S.*?): (?P<verdict>kept|BROKEN|not tested)(?:: (?P<detail>.*))?$")
+def lines_text(rows: Iterable[Row], style: Style = PLAIN,
+               remedies: Mapping[str, str] | None = None) -> list[str]:
+    rows = grouped(rows)
+    after = remedy_after(rows, remedies or {})
+    out = []
+    for i, (label, verdict, detail) in enumerate(rows):
+        out.append(f"{label}: {style.verdict(verdict)}{': ' + detail if detail else ''}")
+        if i in after:
+            out.append("  " + style.paint(after[i], "dim"))
+    return out
+
+
+_LINE = re.compile(
+    r"^(?P<promise>\S.*?): (?P<verdict>kept|BROKEN|not tested|not selected)(?:: (?P<detail>.*))?$"
+)
 
 
 def parse_lines_text(text: str) -> list[Row]:
@@ -123,10 +148,13 @@ def parse_lines_text(text: str) -> list[Row]:
             for m in map(_LINE.match, text.splitlines()) if m]
 
 
-def table_text(rows: Iterable[Row], *, width: int = 0, style: Style = PLAIN) -> list[str]:
+def table_text(rows: Iterable[Row], *, width: int = 0, style: Style = PLAIN,
+               remedies: Mapping[str, str] | None = None) -> list[str]:
     """An aligned table: the family named once per group, then its parameter; the verdict column
-    aligned; what the task saw wrapped to `width` (0: never wrapped) under its own column."""
+    aligned; what the task saw wrapped to `width` (0: never wrapped) under its own column; a remedy
+    on one line of its own, in that column, under its promise's last BROKEN row."""
     rows = grouped(rows)
+    after = remedy_after(rows, remedies or {})
     split = [(family_of(label), label.partition(" ")[2], verdict, detail) for label, verdict, detail in rows]
     fam_w = max([len(f) for f, p, *_ in split if p], default=0)  # a bare family spans both columns
     promises, previous = [], None
@@ -139,7 +167,7 @@ def table_text(rows: Iterable[Row], *, width: int = 0, style: Style = PLAIN) -> 
     start = promise_w + 2 + verdict_w + 2
     avail = width - start if width else 0
     out = [style.paint(f"{HEADER[0]:<{promise_w}}  {HEADER[1]:<{verdict_w}}  {HEADER[2]}", "bold")]
-    for promise, (_, _, verdict, detail) in zip(promises, split, strict=True):
+    for i, (promise, (_, _, verdict, detail)) in enumerate(zip(promises, split, strict=True)):
         cells = f"{promise:<{promise_w}}  {style.verdict(verdict)}{' ' * (verdict_w - len(verdict))}"
         chunks = [detail]
         if detail and avail >= MIN_DETAIL:
@@ -147,6 +175,9 @@ def table_text(rows: Iterable[Row], *, width: int = 0, style: Style = PLAIN) -> 
             chunks = textwrap.wrap(detail, avail, break_long_words=False, break_on_hyphens=False)
         out.append((cells + "  " + chunks[0]).rstrip())
         out += [" " * start + chunk for chunk in chunks[1:]]
+        if i in after:
+            # One line, never wrapped: a flag cut in two is no longer copyable either.
+            out.append(" " * start + style.paint(after[i], "dim"))
     return out
 
 
@@ -161,6 +192,8 @@ def parse_table_text(text: str) -> list[Row]:
     rows: list[list[str]] = []
     family = ""
     for ln in lines[1:]:
+        if ln.strip().startswith(REMEDY_HEAD):
+            continue  # a remedy, not a row's text (remedies_text reads them)
         if not ln[:v_at].strip() and rows:
             rows[-1][2] += " " + ln.strip()
             continue
@@ -232,11 +265,29 @@ def _split_cells(line: str) -> list[str]:
     return cells
 
 
+def remedies_markdown(rows: Sequence[Row], remedies: Mapping[str, str]) -> list[str]:
+    """Each BROKEN promise's remedy, as a list under the table: a fourth column would be empty on every
+    other row, and too narrow for a flag on this one."""
+    rows = grouped(rows)
+    after = remedy_after(rows, remedies)
+    if not after:
+        return []
+    items = [f"- {md_code(family_of(rows[i][0]))}: {md_text(line)}" for i, line in sorted(after.items())]
+    return ["How to keep what broke:", "", *items, ""]
+
+
+def remedies_text(text: str) -> list[str]:
+    """The remedy lines back from a `lines` or `table` form (for tests and scripts)."""
+    return [ln.strip() for ln in text.splitlines() if ln.strip().startswith(REMEDY_HEAD)]
+
+
 def witness_markdown(rows: Sequence[Row], *, word: str, summary: str,
-                     problems: Sequence[str] = ()) -> list[str]:
-    """The witness report as one Markdown block: a heading with the verdict, the table, what else
-    went wrong, and the summary line last (the same line the text forms end with)."""
+                     problems: Sequence[str] = (), remedies: Mapping[str, str] | None = None) -> list[str]:
+    """The witness report as one Markdown block: a heading with the verdict, the table, the remedies
+    of what broke, what else went wrong, and the summary line last (the same line the text forms end
+    with)."""
     out = [f"#### sandbox-conformance witness: {word}", "", *table_markdown(rows), ""]
+    out += remedies_markdown(rows, remedies or {})
     if problems:
         out += [f"- {md_text(p)}" for p in problems] + [""]
     out.append(md_text(summary))

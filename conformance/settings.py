@@ -16,8 +16,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from conformance import bwrap_argv
+from conformance import bwrap_argv, remedies
 from conformance import profile as profile_mod
+from conformance import promises as promises_mod
 from conformance.handover import handed_down
 from conformance.launch import REFERENCE, Launcher, LauncherKind, external
 from probes import inputs
@@ -54,6 +55,17 @@ class Settings(NamedTuple):
     layout_root: str | None = None
     # Guard findings handed down by `run` (conformance/handover.py); None: the session probes for itself.
     guard: Mapping[str, Finding] | None = None
+    # Which promises this run tests (--only/--skip); what it leaves out is also in profile.unselected.
+    selection: promises_mod.Selection = promises_mod.Selection()
+    adapter: str | None = None  # --adapter NAME: the sandbox kind remedies are written for
+
+    @property
+    def sandbox_kind(self) -> str:
+        """The sandbox a BROKEN promise's remedy names flags of (conformance/remedies.py): the adapter's
+        tool, bwrap for the reference sandbox, `generic` for a launcher of your own."""
+        if self.adapter:
+            return remedies.kind_of(self.adapter)
+        return "bwrap" if self.launcher.kind is LauncherKind.reference else remedies.GENERIC
 
     @property
     def leaves_by_harness(self) -> bool:
@@ -141,6 +153,27 @@ def check_layout_root(path: str) -> str:
     return where
 
 
+def select(prof: profile_mod.Profile, only: Iterable[str], skip: Iterable[str]
+           ) -> tuple[profile_mod.Profile, promises_mod.Selection]:
+    """The profile with what `--only`/`--skip` leave out marked unselected (its witnesses are then not
+    generated, and no launch is made for them), and the selection. An unknown id, one id in both, or a
+    selection that leaves none of the profile's promises is a SettingsError: nothing would be tested,
+    and a run that tests nothing must not read as green."""
+    try:
+        selection = promises_mod.select(only, skip)
+    except promises_mod.SelectionError as e:
+        raise SettingsError(str(e)) from None
+    if not selection:
+        return prof, selection
+    made = prof.promises()
+    left_out = selection.left_out(made)
+    if len(left_out) == len(made):
+        given = " and ".join(f for f, ids in (("--only", selection.only), ("--skip", selection.skip)) if ids)
+        raise SettingsError(f"{given}: leaves none of the promises profile {prof.name} makes to test "
+                            f"(it makes {', '.join(made)})")
+    return prof._replace(unselected=frozenset(left_out)), selection
+
+
 def build(
     *,
     profile: str | None,
@@ -157,6 +190,9 @@ def build(
     environ: Mapping[str, str] | None = None,
     launcher_spec: bool = False,
     launcher_stdin: bool = False,
+    only: Iterable[str] = (),
+    skip: Iterable[str] = (),
+    adapter: str | None = None,
 ) -> Settings:
     environ = os.environ if environ is None else environ
     # An empty value is a mistake (an unset variable in CI), never "the default" (issue 28).
@@ -170,6 +206,7 @@ def build(
         raise SettingsError(str(e)) from None
     if not prof.promises():
         raise SettingsError(f"{prof.source}: (profile): expected at least one promise the suite can witness")
+    prof, selection = select(prof, only, skip)
     try:
         # `--launcher ''` is a mistake, not a request for the built-in sandbox.
         lau = REFERENCE
@@ -214,4 +251,6 @@ def build(
         launcher_env=env_extra,
         layout_root=check_layout_root(layout_root) if layout_root is not None else None,
         guard=handed_down(as_user, environ),
+        selection=selection,
+        adapter=adapter,
     )

@@ -1,6 +1,6 @@
 """The witness command's options, as `run` accepts and forwards them (`sandbox-conformance witness
 [--profile F] [--launcher 'PREFIX'] [--as-user NAME] [--junitxml F] [--json F] [--require]
-[--expected-skips F] [-- pytest args]`)."""
+[--expected-skips F] [--only IDS] [--skip IDS] [-- pytest args]`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import argparse
 from collections.abc import Callable
 from typing import NamedTuple
 
-from conformance import output
+from conformance import output, promises
+from probes.exits import UsageError
 
 
 class WitnessOptions(NamedTuple):
@@ -32,6 +33,9 @@ class WitnessOptions(NamedTuple):
     # What an external launcher asked for: the task spec, the program on stdin (conformance/launch.py).
     launcher_spec: bool = False
     launcher_stdin: bool = False
+    # --only/--skip as given (each `ID[,ID]`), checked by `check` before any work.
+    only: tuple[str, ...] = ()
+    skip: tuple[str, ...] = ()
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WitnessOptions:
@@ -39,7 +43,8 @@ class WitnessOptions(NamedTuple):
                    bool(args.require), args.expected_skips, tuple(args.pytest_args or ()),
                    getattr(args, "format", None), bool(getattr(args, "verbose", False)),
                    getattr(args, "log", None), bool(getattr(args, "launcher_spec", False)),
-                   bool(getattr(args, "launcher_stdin", False)))
+                   bool(getattr(args, "launcher_stdin", False)), tuple(getattr(args, "only", None) or ()),
+                   tuple(getattr(args, "skip", None) or ()))
 
     def relocated(self, infile: Callable[[str, str], str],
                   outfile: Callable[[str, str], str]) -> WitnessOptions:
@@ -70,6 +75,8 @@ class WitnessOptions(NamedTuple):
             out.append("--launcher-spec")
         if self.launcher_stdin:
             out.append("--launcher-stdin")
+        out += [w for ids in self.only for w in ("--only", ids)]
+        out += [w for ids in self.skip for w in ("--skip", ids)]
         if self.require:
             out.append("--require")
         if self.format is not None:
@@ -81,6 +88,27 @@ class WitnessOptions(NamedTuple):
         if self.pytest_args:
             out += ["--", *self.pytest_args]
         return out
+
+
+def check(args: argparse.Namespace) -> None:
+    """The witness options `run` checks itself before it probes or builds anything: the promise ids,
+    and that they leave some promise of the profile to test (an adapter's profile, or one that does
+    not parse, is the witness's to read and say)."""
+    only, skip = getattr(args, "only", None) or (), getattr(args, "skip", None) or ()
+    try:
+        promises.select(only, skip)
+        if (only or skip) and not getattr(args, "adapter", None):
+            # Only for a selection: the profile's parse (~30 ms of imports) stays off run's usual path.
+            from conformance import profile as profile_mod
+            from conformance import settings as settings_mod
+
+            try:
+                prof = profile_mod.load(args.profile)
+            except (profile_mod.ProfileError, OSError, ValueError):
+                return
+            settings_mod.select(prof, only, skip)
+    except (promises.SelectionError, ValueError) as e:  # settings.SettingsError is a ValueError
+        raise UsageError(str(e)) from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -95,5 +123,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--json", metavar="FILE", help="JSON report (container: NAME-root.EXT, NAME-sbxc.EXT)")
     g.add_argument("--require", action="store_true", help="turn every skip into a failure")
     g.add_argument("--expected-skips", metavar="FILE", help="`test id | reason` lines; other skips fail")
+    g.add_argument("--only", action="append", default=[], metavar="IDS", help=promises.ONLY_HELP)
+    g.add_argument("--skip", action="append", default=[], metavar="IDS", help=promises.SKIP_HELP)
     output.add_arguments(g)
     p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST ARGS", help="passed to pytest after `--`")
