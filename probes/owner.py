@@ -36,7 +36,7 @@ from probes.errnos import errname
 # conformance/layout.py, conformance/adapters/oci.py, conformance/adapters/srt.py,
 # commands/controls.py, runners/vm/mode.py, runners/vm/qemu.py, runners/container.py,
 # mrcheck/tiers.py; tests/test_cancel.py checks them).
-SWEPT_PREFIXES = ("sbxc-witness-", "sbxc-oci-", "sbxc-srt-", "sbxc-controls-", "sbxc-container.", "sbxc-vm.",
+SWEPT_PREFIXES = ("sbxc-witness-", "sbxc-oci-", "sbxc-pm-", "sbxc-srt-", "sbxc-controls-", "sbxc-container.", "sbxc-vm.",
                   "sbxc-kvm-trial-", "sbxc-mr-check.")
 VAR_TMP = "/var/tmp"  # where the VM's scratch lives: on the host's /, visible to the guest over 9p
 OCI_RUNTIMES = ("crun", "runc")

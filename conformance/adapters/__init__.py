@@ -90,6 +90,15 @@ def _docker(as_user: str | None, env: Mapping[str, str]) -> str:
     return docker.prefix(env)
 
 
+def _podman(as_user: str | None, env: Mapping[str, str]) -> str:
+    from conformance.adapters import podman
+
+    why = podman.unavailable(env)
+    if why:
+        raise Unavailable(why)
+    return shlex.join([_python(), "-m", "conformance.adapters.podman", "--"])
+
+
 def _srt(as_user: str | None, env: Mapping[str, str]) -> str:
     from conformance.adapters import srt
 
@@ -119,6 +128,12 @@ ADAPTERS: Mapping[str, Adapter] = {
             _systemd_run,
         ),
         Adapter("docker", "docker run with chosen flags against $DOCKER_HOST", "docker.toml", _docker),
+        Adapter(
+            "podman",
+            "podman run --rootfs of a per-launch directory (rootful; rootless with --as-user)",
+            "podman.toml",
+            _podman,
+        ),
         Adapter(
             "srt",
             "Anthropic sandbox-runtime (srt): bwrap, deny-read tmpfs, network via its proxy",
