@@ -99,6 +99,12 @@ def _podman(as_user: str | None, env: Mapping[str, str]) -> str:
     return shlex.join([_python(), "-m", "conformance.adapters.podman", "--"])
 
 
+def _firejail(as_user: str | None, env: Mapping[str, str]) -> str:
+    from conformance.adapters import firejail
+
+    return firejail.prefix()
+
+
 def _srt(as_user: str | None, env: Mapping[str, str]) -> str:
     from conformance.adapters import srt
 
@@ -133,6 +139,12 @@ ADAPTERS: Mapping[str, Adapter] = {
             "podman run --rootfs of a per-launch directory (rootful; rootless with --as-user)",
             "podman.toml",
             _podman,
+        ),
+        Adapter(
+            "firejail",
+            "firejail (setuid): state read-only, db masked, no network, private ipc/uts, no caps",
+            "firejail.toml",
+            _firejail,
         ),
         Adapter(
             "srt",
