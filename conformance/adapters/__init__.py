@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
+import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
@@ -105,6 +106,14 @@ def _firejail(as_user: str | None, env: Mapping[str, str]) -> str:
     return firejail.prefix()
 
 
+def _nspawn(as_user: str | None, env: Mapping[str, str]) -> str:
+    # Not root (as a user, or --as-user): the launcher itself exits 75 with the reason, so a run says
+    # "did not run" once (docs/launchers.md); only a missing tool stops it here.
+    if shutil.which("systemd-nspawn", path=env.get("PATH")) is None:
+        raise Unavailable("systemd-nspawn not installed (apt-get install --no-install-recommends systemd-container)")
+    return shlex.join([_python(), "-m", "conformance.adapters.nspawn", "--"])
+
+
 def _srt(as_user: str | None, env: Mapping[str, str]) -> str:
     from conformance.adapters import srt
 
@@ -145,6 +154,12 @@ ADAPTERS: Mapping[str, Adapter] = {
             "firejail (setuid): state read-only, db masked, no network, private ipc/uts, no caps",
             "firejail.toml",
             _firejail,
+        ),
+        Adapter(
+            "nspawn",
+            "systemd-nspawn -D / --volatile=yes, as root (a user: did not run, exit 75)",
+            "nspawn.toml",
+            _nspawn,
         ),
         Adapter(
             "srt",
