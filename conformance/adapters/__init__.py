@@ -110,7 +110,9 @@ def _nspawn(as_user: str | None, env: Mapping[str, str]) -> str:
     # Not root (as a user, or --as-user): the launcher itself exits 75 with the reason, so a run says
     # "did not run" once (docs/launchers.md); only a missing tool stops it here.
     if shutil.which("systemd-nspawn", path=env.get("PATH")) is None:
-        raise Unavailable("systemd-nspawn not installed (apt-get install --no-install-recommends systemd-container)")
+        raise Unavailable(
+            "systemd-nspawn not installed (apt-get install --no-install-recommends systemd-container)"
+        )
     return shlex.join([_python(), "-m", "conformance.adapters.nspawn", "--"])
 
 

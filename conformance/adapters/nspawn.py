@@ -116,7 +116,8 @@ def sweep_hierarchy(name: str) -> None:
 
 def known(name: str) -> bool:
     """Is hierarchy `name` still alive (this process's /proc/self/cgroup lists every hierarchy)?"""
-    return any(ln.split(":")[1] == f"name={name}" for ln in Path("/proc/self/cgroup").read_text().splitlines())
+    lines = Path("/proc/self/cgroup").read_text().splitlines()
+    return any(ln.split(":")[1] == f"name={name}" for ln in lines)
 
 
 def guard(name: str) -> int:
@@ -145,7 +146,8 @@ def launch(args: Sequence[str], spec: Mapping[str, Any]) -> int:
 
     old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
-        nspawn = [shutil.which("systemd-nspawn") or "systemd-nspawn", *(expand(f, values) for f in FLAGS), *args]
+        exe = shutil.which("systemd-nspawn") or "systemd-nspawn"
+        nspawn = [exe, *(expand(f, values) for f in FLAGS), *args]
         # nspawn hands its own environment to the stub init, PID 1 of the task's /proc (measured: the
         # launcher's secret was in /proc/1/environ): it gets a fixed one.
         proc = subprocess.Popen(
