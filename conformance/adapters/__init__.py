@@ -32,11 +32,16 @@ class Resolved:
     name: str
     profile: Path  # a TOML file conformance.profile.load reads
     launcher: str  # the --launcher prefix (placeholders unexpanded)
+    # Why the host cannot observe this sandbox's tasks (a user-space kernel), or None: witness's
+    # --host-cannot-observe, which the adapter sets.
+    host_cannot_observe: str | None = None
 
     def witness_args(self) -> list[str]:
         # An adapter builds the tool's configuration from the task spec and hands the program on stdin.
+        unseen = ["--host-cannot-observe", self.host_cannot_observe] if self.host_cannot_observe else []
         return [
-            "--profile", str(self.profile), "--launcher", self.launcher, "--launcher-spec", "--launcher-stdin"
+            "--profile", str(self.profile), "--launcher", self.launcher, "--launcher-spec", "--launcher-stdin",
+            *unseen,
         ]
 
 
@@ -47,6 +52,7 @@ class Adapter:
     profile: str  # file name in conformance/adapters/
     # (as_user, env) -> the launcher prefix; raises Unavailable
     prefix: Callable[[str | None, Mapping[str, str]], str]
+    host_cannot_observe: str | None = None
 
 
 def profile_path(file: str) -> Path:
@@ -128,6 +134,11 @@ def _codex(as_user: str | None, env: Mapping[str, str]) -> str:
     return codex.prefix(env)
 
 
+GVISOR_UNSEEN = (
+    "gVisor: the task runs on the Sentry, a user-space kernel; this kernel sees only the Sentry and its "
+    "gofer, never a process with the task's tag"
+)
+
 ADAPTERS: Mapping[str, Adapter] = {
     a.name: a
     for a in (
@@ -138,6 +149,13 @@ ADAPTERS: Mapping[str, Adapter] = {
             "runc", "runc run of a generated OCI bundle (rootless: needs --as-user)", "oci.toml", _oci("runc")
         ),
         Adapter("crun", "crun run of a generated OCI bundle (as root)", "oci.toml", _oci("crun")),
+        Adapter(
+            "runsc",
+            "gVisor runsc run of the same OCI bundle (as root; rootless where it can)",
+            "runsc.toml",
+            _oci("runsc"),
+            host_cannot_observe=GVISOR_UNSEEN,
+        ),
         Adapter(
             "systemd-run",
             "a transient systemd service with sandboxing properties",
@@ -187,7 +205,7 @@ def resolve(name: str, *, as_user: str | None = None, env: Mapping[str, str] | N
     except KeyError:
         raise KeyError(f"no adapter {name!r} (known: {', '.join(ADAPTERS)})") from None
     prefix = adapter.prefix(as_user, os.environ if env is None else env)
-    return Resolved(name, profile_path(adapter.profile), prefix)
+    return Resolved(name, profile_path(adapter.profile), prefix, adapter.host_cannot_observe)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""OCI runtime adapter: run the witness through `runc run` or `crun run` from a bundle we generate.
+"""OCI runtime adapter: run the witness through `runc run`, `crun run` or gVisor's `runsc run` from a
+bundle we generate (runsc has its own profile, runsc.toml: what the Sentry keeps of the same bundle).
 
 The bundle (config.json + an empty rootfs directory) is ONE template with profile placeholders
 ({state}, {control}...). The launcher expands it against the task's layout; the profile
@@ -42,7 +43,7 @@ from typing import Any
 from conformance.profile import PLACEHOLDERS, expand
 from probes import owner
 
-RUNTIMES = ("runc", "crun")
+RUNTIMES = ("runc", "crun", "runsc")
 SPEC_ENV = "SANDBOX_CONFORMANCE_TASK_SPEC"  # conformance.launch.SPEC_ENV (not imported: keep this light)
 CLONE_NEWUSER = 0x10000000  # <linux/sched.h>
 # Where a usrmerged host keeps the rest of the system (Debian >= 12: /bin -> usr/bin etc.).
@@ -411,6 +412,12 @@ def runtime_argv(runtime: str, state: Path, *command: str) -> list[str]:
     if runtime == "crun":
         # crun can leave cgroups alone entirely (crun(1): --cgroup-manager=disabled).
         return [*_hybrid_wrap(runtime), exe, "--root", str(state), "--cgroup-manager=disabled", *command]
+    if runtime == "runsc":
+        # gVisor (runsc flags): no cgroup of the host's (--ignore-cgroups); the bundle's network
+        # namespace holds only lo, and --network=none gives the Sentry's netstack none either;
+        # --oci-seccomp: runsc ignores linux.seccomp unless asked (measured: without it a nested user
+        # namespace was created by unshare and clone).
+        return [exe, "--root", str(state), "--ignore-cgroups", "--network=none", "--oci-seccomp", *command]
     return [exe, "--root", str(state), *command]
 
 
