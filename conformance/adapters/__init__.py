@@ -40,7 +40,9 @@ class Resolved:
         # An adapter builds the tool's configuration from the task spec and hands the program on stdin.
         unseen = ["--host-cannot-observe", self.host_cannot_observe] if self.host_cannot_observe else []
         return [
-            "--profile", str(self.profile), "--launcher", self.launcher, "--launcher-spec", "--launcher-stdin",
+            "--profile", str(self.profile),
+            "--launcher", self.launcher,
+            "--launcher-spec", "--launcher-stdin",
             *unseen,
         ]
 
