@@ -98,8 +98,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--adapter",
         metavar="NAME",
-        help="test a sandbox this project did not write: unshare, runc, crun, systemd-run, docker, srt or "
-        "codex "
+        help="test a sandbox this project did not write: unshare, runc, crun, runsc, systemd-run, docker, "
+        "podman, firejail, nspawn, srt or codex "
         "(sets --profile and --launcher; `sandbox-conformance adapters` lists them)",
     )
     p.add_argument("--as-user", metavar="NAME", help="(root only) launch tasks as this unprivileged user")
