@@ -53,13 +53,14 @@ VERSION_PREFIX = "podman version "
 # crun refuses a hybrid host whose cgroup2 hierarchy has controllers; in a mount namespace of its own it
 # gets an empty tmpfs over the cgroup2 mount (rootless: a mount namespace of podman's user namespace may
 # mount over, not unmount, a mount it inherited locked, mount_namespaces(7)), then sees a v1 host and,
-# with cgroups disabled, touches none.
+# with cgroups disabled, touches none. --root: crun's state in the workspace too (podman passes none, and
+# crun's default as root is /run/crun).
 CRUN_WRAPPER = """#!/bin/sh
 exec unshare --mount --propagation private -- sh -c '
 if mountpoint -q {unified}; then
     mount -t tmpfs -o ro,size=4k,mode=0555 sbxc-no-cgroup2 {unified} || umount {unified} || exit 125
 fi
-exec {crun} "$@"' sh "$@"
+exec {crun} --root {state} "$@"' sh "$@"
 """
 
 
@@ -132,7 +133,10 @@ def make_workspace(workspace: Path) -> None:
             os.symlink(os.readlink(f"/{name}"), workspace / "rootfs" / name)
     wrapper = workspace / "bin" / "crun"
     crun = shutil.which("crun") or "/usr/bin/crun"
-    wrapper.write_text(CRUN_WRAPPER.format(unified=shlex.quote(oci.UNIFIED), crun=shlex.quote(crun)))
+    (workspace / "crun").mkdir(mode=0o700)
+    wrapper.write_text(CRUN_WRAPPER.format(
+        unified=shlex.quote(oci.UNIFIED), crun=shlex.quote(crun), state=shlex.quote(str(workspace / "crun"))
+    ))
     wrapper.chmod(0o755)
 
 
