@@ -57,7 +57,12 @@ def residue_now() -> dict[str, set[str]]:
             if state != "Z" and comm in ("podman", "podman pause", "conmon", "runsc", "runsc-gofer",
                                          "runsc-sandbox", "systemd-nspawn", "firejail"):
                 procs.add(f"{p.name} {comm}")
+    # podman's and crun's default state, which the adapters move into their workspaces.
+    defaults = {str(p) for p in (Path("/run/crun"), Path("/run/libpod"), Path("/run/containers"),
+                                 Path("/var/lib/containers/storage"),
+                                 Path("/home/sbxc-test/.local/share/containers")) if p.exists()}
     return {
+        "defaults": defaults,
         "dirs": {p.name for p in tmp.glob("sbxc-pm-*")} | {p.name for p in tmp.glob("sbxc-oci-*")}
         | {p.name for p in tmp.glob("sbxc-nspawn-*")} | {p.name for p in tmp.glob("sbxc-matrix-*")},
         "processes": procs,
