@@ -198,7 +198,11 @@ def guard(workspace: Path, cid: str) -> int:
 def launch(args: Sequence[str], spec: Mapping[str, Any]) -> int:
     values = oci.values_from_spec(spec)
     cid = f"sbxc-{values['task_id']}-{secrets.token_hex(3)}"
-    workspace = Path(tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{owner.stamp()}-"))
+    # podman refuses a runroot past 50 characters, and having refused, it had already made its default
+    # storage (/var/lib/containers, with a mount on it: measured): a long $TMPDIR gives way to /tmp.
+    runroot = len(tempfile.gettempdir()) + len(WORKSPACE_PREFIX) + len(owner.stamp()) + len("/XXXXXXXX-/run")
+    top = None if runroot <= 50 else "/tmp"
+    workspace = Path(tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{owner.stamp()}-", dir=top))
     workspace.chmod(0o755)
     r, w = os.pipe()
     try:
