@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -24,6 +25,8 @@ from conformance.adapters import nspawn
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "matrix.md"
 BEGIN, END = "<!-- matrix:table -->", "<!-- /matrix:table -->"
+# The session's one matrix run (~40-70 s) is paid by whichever of its tests pytest-randomly runs first.
+pytestmark = pytest.mark.timeout(900)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +128,7 @@ def table_block(text: str) -> list[str]:
     return lines[lines.index(BEGIN) + 1 : lines.index(END)]
 
 
+@pytest.mark.integration
 def test_docs_matrix_is_the_table_of_a_fresh_run(matrix: Run) -> None:
     fresh = table_block(mx.render_markdown(matrix.doc))
     shipped = table_block(DOC.read_text())
@@ -137,6 +141,7 @@ def test_docs_matrix_is_the_table_of_a_fresh_run(matrix: Run) -> None:
         )
 
 
+@pytest.mark.integration
 def test_no_sandbox_breaks_what_its_shipped_profile_claims_so_the_matrix_exits_0(matrix: Run) -> None:
     assert matrix.code == 0 == matrix.doc["exit"], matrix.stdout[-3000:]
     assert matrix.stdout.rstrip().endswith(": PASS"), matrix.stdout[-500:]
@@ -145,12 +150,14 @@ def test_no_sandbox_breaks_what_its_shipped_profile_claims_so_the_matrix_exits_0
     assert not broken, broken
 
 
+@pytest.mark.integration
 def test_the_matrix_leaves_nothing_behind(matrix: Run) -> None:
     # Workspaces, podman's pause process and conmon, runsc's sandbox and gofer, nspawn's private
     # cgroup hierarchies, and no new cgroup anywhere in the host's trees.
     assert not any(matrix.residue.values()), matrix.residue
 
 
+@pytest.mark.integration
 def test_each_column_keeps_its_witness_report_one_step_away(matrix: Run) -> None:
     for col in matrix.doc["columns"]:
         if col["summary"] is None:
@@ -164,6 +171,7 @@ def test_each_column_keeps_its_witness_report_one_step_away(matrix: Run) -> None
 # ---- the new adapters, end to end, read from their columns --------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("user", [None, "sbxc-test"], ids=["root", "unprivileged"])
 def test_podman_keeps_every_promise_of_its_profile_rootful_and_rootless(
     matrix: Run, user: str | None
@@ -180,6 +188,7 @@ def test_podman_keeps_every_promise_of_its_profile_rootful_and_rootless(
     assert task["observations"]["hostname"] == "sbxc-task"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("user", [None, "sbxc-test"], ids=["root", "unprivileged"])
 def test_firejail_keeps_every_promise_of_its_profile(matrix: Run, user: str | None) -> None:
     col, cells = ran(matrix, "firejail", user)
@@ -190,6 +199,7 @@ def test_firejail_keeps_every_promise_of_its_profile(matrix: Run, user: str | No
         assert cells[why]["verdict"] == mx.NOT_CLAIMED and cells[why]["detail"] != mx.UNSAID, cells[why]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("user", [None, "sbxc-test"], ids=["root", "unprivileged"])
 def test_runsc_is_judged_from_the_tasks_view_where_the_host_cannot_see_it(
     matrix: Run, user: str | None
@@ -208,12 +218,14 @@ def test_runsc_is_judged_from_the_tasks_view_where_the_host_cannot_see_it(
     assert task["observations"]["hostname"] == "sbxc-task"
 
 
+@pytest.mark.integration
 def test_nspawn_keeps_every_promise_of_its_profile_as_root(matrix: Run) -> None:
     col, cells = ran(matrix, "nspawn", None)
     every_claim_kept(col, cells)
     assert cells["masked {state}/db"]["verdict"] == cells["lifecycle"]["verdict"] == mx.KEPT
 
 
+@pytest.mark.integration
 def test_nspawn_as_a_user_did_not_run_and_says_why_once(matrix: Run) -> None:
     col, cells = column(matrix, "nspawn", "sbxc-test")
     if "not installed" in col["reason"]:
@@ -224,6 +236,7 @@ def test_nspawn_as_a_user_did_not_run_and_says_why_once(matrix: Run) -> None:
     assert {c["verdict"] for c in cells.values()} == {mx.DID_NOT_RUN}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("user", [None, "sbxc-test"], ids=["root", "unprivileged"])
 def test_bubblewrap_0_12_runs_the_reference_sandbox_and_keeps_it(matrix: Run, user: str | None) -> None:
     col, cells = ran(matrix, "bwrap-0.12", user)
@@ -232,6 +245,46 @@ def test_bubblewrap_0_12_runs_the_reference_sandbox_and_keeps_it(matrix: Run, us
     _ref, ref_cells = column(matrix, "reference", user)
     # The same witness set, promise for promise, as the host's bubblewrap.
     assert {p: c["verdict"] for p, c in cells.items()} == {p: c["verdict"] for p, c in ref_cells.items()}
+
+
+# ---- the adapters' choices, without sandboxes ---------------------------------------------------
+
+
+def test_the_podman_flags_copy_nothing_into_its_masks_and_touch_no_cgroup(tmp_path: Path) -> None:
+    from conformance.adapters import podman
+
+    flags = podman.run_flags(tmp_path)
+    mounts = [f for f in flags if f.startswith("type=tmpfs,")]
+    assert mounts and all(",ro,notmpcopyup" in m for m in mounts), mounts
+    assert "--cgroups=disabled" in flags and flags[-2:] == ["--rootfs", str(tmp_path / "rootfs")]
+    engine = podman.engine_argv(tmp_path)
+    for opt in ("--root", "--runroot", "--tmpdir"):
+        assert engine[engine.index(opt) + 1].startswith(str(tmp_path)), (opt, engine)
+    assert Path(engine[engine.index("--runtime") + 1]).name == "crun"  # podman checks it by name
+
+
+def test_the_firejail_adapter_never_stacks_a_read_only_root() -> None:
+    from conformance.adapters import firejail
+
+    assert "--read-only=/" not in firejail.FLAGS and "--private-dev" in firejail.FLAGS
+
+
+def test_the_runsc_adapter_says_why_the_host_cannot_observe_its_tasks() -> None:
+    from conformance import adapters
+    from conformance.adapters import oci
+
+    argv = oci.runtime_argv("runsc", Path("/state"), "run")
+    assert {"--ignore-cgroups", "--network=none", "--oci-seccomp"} <= set(argv), argv
+    r = adapters.Resolved("runsc", Path("x.toml"), "L", adapters.GVISOR_UNSEEN)
+    args = r.witness_args()
+    assert args[args.index("--host-cannot-observe") + 1] == adapters.GVISOR_UNSEEN
+    assert "--host-cannot-observe" not in adapters.Resolved("crun", Path("x.toml"), "L").witness_args()
+
+
+def test_the_nspawn_adapter_refuses_a_user_with_75s_reason() -> None:
+    if shutil.which("systemd-nspawn") is None:
+        pytest.skip("systemd-nspawn not installed (apt-get install systemd-container)")
+    assert nspawn.unavailable(euid=1001) == nspawn.NEED_ROOT
 
 
 # ---- the command's contract, without sandboxes ----------------------------------------------------
