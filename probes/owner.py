@@ -33,11 +33,12 @@ from probes import mountinfo
 from probes.errnos import errname
 
 # The directories runs leave, by the prefix each module gives mkdtemp (kept in step with
-# conformance/layout.py, conformance/adapters/oci.py, conformance/adapters/srt.py,
+# conformance/layout.py, conformance/adapters/oci.py, conformance/adapters/podman.py,
+# conformance/adapters/srt.py,
 # commands/controls.py, runners/vm/mode.py, runners/vm/qemu.py, runners/container.py,
 # mrcheck/tiers.py; tests/test_cancel.py checks them).
-SWEPT_PREFIXES = ("sbxc-witness-", "sbxc-oci-", "sbxc-pm-", "sbxc-srt-", "sbxc-controls-", "sbxc-container.", "sbxc-vm.",
-                  "sbxc-kvm-trial-", "sbxc-mr-check.")
+SWEPT_PREFIXES = ("sbxc-witness-", "sbxc-oci-", "sbxc-pm-", "sbxc-srt-", "sbxc-controls-", "sbxc-container.",
+                  "sbxc-vm.", "sbxc-kvm-trial-", "sbxc-mr-check.")
 VAR_TMP = "/var/tmp"  # where the VM's scratch lives: on the host's /, visible to the guest over 9p
 OCI_RUNTIMES = ("crun", "runc")
 KILL_TIMEOUT = 10.0
