@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="(root only) also run every sandbox as this user: a column each; repeatable",
     )
     p.add_argument("--format", choices=FORMATS, default="text", help="what goes to stdout (default text)")
-    p.add_argument("--json", metavar="FILE", help="write the matrix as JSON here")
+    p.add_argument("--json", metavar="FILE", help="write the matrix as JSON here ('-' for stdout instead)")
     p.add_argument("--markdown", metavar="FILE", help="write the matrix as markdown here (docs/matrix.md)")
     p.add_argument("--junitxml", metavar="FILE", help="write JUnit XML here: a suite per column")
     p.add_argument("--reports", metavar="DIR", help="keep each column's witness JSON and JUnit in DIR")
@@ -463,7 +463,7 @@ def _validate(args: argparse.Namespace) -> tuple[list[str], list[str | None]]:
         check_as_user(u, group_by_name=False)
     for flag in ("json", "markdown", "junitxml"):
         value = getattr(args, flag)
-        if value is not None and not Path(value).resolve().parent.is_dir():
+        if value is not None and value != "-" and not Path(value).resolve().parent.is_dir():
             raise UsageError(f"--{flag}: no directory for {value}")
     return chosen, [None, *dict.fromkeys(args.as_user)]
 
@@ -494,13 +494,13 @@ def main(args: argparse.Namespace) -> int:
          *([f"--sandboxes {args.sandboxes}"] if args.sandboxes else []),
          *([f"--markdown {args.markdown}"] if args.markdown else [])]
     )
-    if args.json:
+    if args.json and args.json != "-":
         _write(args.json, (json.dumps(doc, indent=1) + "\n").encode())
     if args.markdown:
         _write(args.markdown, render_markdown(doc, command=command.strip()).encode())
     if args.junitxml:
         _write(args.junitxml, junit(doc))
-    if args.format == "json":
+    if args.format == "json" or args.json == "-":
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     elif args.format == "markdown":
         sys.stdout.write(render_markdown(doc, command=command.strip()))
