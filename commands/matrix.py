@@ -237,7 +237,9 @@ def run_column(col: Column, reports: Path, *, timeout: float, require: bool) -> 
     if done.timed_out:
         return Outcome(done.returncode, report, f"the witness run timed out after {timeout:.0f}s", seconds)
     if done.returncode == EXIT_UNAVAILABLE:
-        return Outcome(EXIT_UNAVAILABLE, None, tail or "the witness run exited 75", seconds)
+        # "witness: refused: launcher '...': did not run: WHY": the launcher's own reason is the cell's.
+        why = tail.rsplit("did not run: ", 1)[-1] if "did not run: " in tail else tail
+        return Outcome(EXIT_UNAVAILABLE, None, why or "the witness run exited 75", seconds)
     if report is None:
         return Outcome(done.returncode, None, f"exit {done.returncode}, no report: {tail}", seconds)
     return Outcome(done.returncode, report, "", seconds)
