@@ -158,6 +158,14 @@ def test_the_matrix_leaves_nothing_behind(matrix: Run) -> None:
 
 
 @pytest.mark.integration
+def test_the_matrix_document_validates_against_its_schema(matrix: Run) -> None:
+    import jsonschema
+
+    text = (REPO / "conformance" / "schemas" / "matrix-report.schema.json").read_text()
+    jsonschema.Draft202012Validator(json.loads(text)).validate(matrix.doc)
+
+
+@pytest.mark.integration
 def test_each_column_keeps_its_witness_report_one_step_away(matrix: Run) -> None:
     for col in matrix.doc["columns"]:
         if col["summary"] is None:
