@@ -141,30 +141,38 @@ def make_workspace(workspace: Path) -> None:
 
 
 def pause_pid(workspace: Path) -> int | None:
-    # libpod writes it to its tmp dir (--tmpdir; by default $XDG_RUNTIME_DIR/libpod/tmp).
+    """The pause process of this workspace's podman, if it runs: its pid file (libpod's tmp dir,
+    --tmpdir), checked against the process (its name, and our uid), so that a pid the kernel has
+    since given another process is never killed."""
     for f in (workspace / "tmp" / "pause.pid", workspace / "xdg-run" / "libpod" / "tmp" / "pause.pid"):
         try:
-            return int(f.read_text())
-        except (FileNotFoundError, ValueError):
+            pid = int(f.read_text())
+            proc = Path(f"/proc/{pid}")
+            if (proc / "comm").read_text().strip() == "podman pause" and proc.stat().st_uid == os.geteuid():
+                return pid
+        except (FileNotFoundError, ProcessLookupError, ValueError):
             continue
     return None
 
 
 def cleanup(workspace: Path, cid: str, *, say: bool = False) -> None:
-    """Remove the container (killing it if it still runs), stop rootless podman's pause process,
-    remove the workspace. Idempotent."""
+    """Remove the container (killing it if it still runs), its storage, rootless podman's pause
+    process, the workspace. Idempotent."""
+    env = engine_env(workspace)
     if (workspace / "storage").is_dir():
         subprocess.run(
             [*engine_argv(workspace), "rm", "--force", "--time", "0", cid],
-            env=engine_env(workspace),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=20,
-            check=False,
+            env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=20, check=False,
         )
+        if os.geteuid() != 0:
+            # Rootless storage may hold files of the user namespace's other uids: removed from inside it.
+            subprocess.run(
+                [*engine_argv(workspace), "unshare", "rm", "-rf", str(workspace / "storage")],
+                env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=20, check=False,
+            )
     pid = pause_pid(workspace)
     if pid is not None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
             if say:
                 print(
@@ -172,18 +180,6 @@ def cleanup(workspace: Path, cid: str, *, say: bool = False) -> None:
                     "helper, started for this launch's runtime directory, not the task's",
                     file=sys.stderr,
                 )
-        except ProcessLookupError:
-            pass
-    # Rootless storage may hold files of the user namespace's other uids: podman unshare removes them.
-    if os.geteuid() != 0 and workspace.is_dir():
-        subprocess.run(
-            [*engine_argv(workspace), "unshare", "rm", "-rf", str(workspace / "storage")],
-            env=engine_env(workspace), stdin=subprocess.DEVNULL, capture_output=True, timeout=20, check=False,
-        )
-        pid = pause_pid(workspace)
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
     shutil.rmtree(workspace, ignore_errors=True)
 
 
