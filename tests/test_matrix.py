@@ -255,6 +255,28 @@ def test_bubblewrap_0_12_runs_the_reference_sandbox_and_keeps_it(matrix: Run, us
     assert {p: c["verdict"] for p, c in cells.items()} == {p: c["verdict"] for p, c in ref_cells.items()}
 
 
+@pytest.mark.integration
+def test_runsc_under_the_oci_profile_breaks_the_mask_runc_keeps_and_the_matrix_exits_1(
+    root_only: None, tmp_path: Path
+) -> None:
+    """One --profile for every column: gVisor 20221219 ignores the bundle's maskedPaths on a bound
+    path, which crun keeps (measured): runsc.toml does not claim it, oci.toml does."""
+    out = tmp_path / "m.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "commands.cli", "matrix", "--sandboxes", "crun,runsc",
+         "--profile", str(REPO / "conformance" / "adapters" / "oci.toml"), "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    run = Run(done.returncode, json.loads(out.read_text()), done.stdout, done.stderr, {})
+    _, cells = ran(run, "runsc", None)
+    _, crun_cells = ran(run, "crun", None)
+    assert done.returncode == 1 == run.doc["exit"], done.stdout[-2000:]
+    mask = cells["masked {state}/db"]
+    assert mask["verdict"] == mx.BROKEN and "canary" in mask["detail"], mask
+    assert crun_cells["masked {state}/db"]["verdict"] == mx.KEPT
+    assert "BROKEN in ['runsc']" in done.stdout
+
+
 # ---- the adapters' choices, without sandboxes ---------------------------------------------------
 
 
