@@ -202,10 +202,18 @@ def remove_dir(path: str) -> str:
 
 def rmtree(path: str) -> None:
     # A task may have left read-only directories in its writable trees; as their owner or root,
-    # restoring write permission on the parent and retrying is enough (conformance/layout.py).
-    def retry(func, p, _exc):  # type: ignore[no-untyped-def]
+    # restoring write permission on the parent and retrying is enough (conformance/layout.py). Only
+    # a parent INSIDE the tree: when the top itself fails (another run removing the same dead
+    # directory at once: its guardian, a second sweep), its parent is /tmp, which a chmod to 0755
+    # made unwritable to every user (measured: two witness runs in parallel, the matrix's).
+    top = os.path.abspath(path)
+
+    def retry(func, p, exc):  # type: ignore[no-untyped-def]
+        parent = os.path.dirname(os.path.abspath(p))
+        if isinstance(exc[1], FileNotFoundError) or not parent.startswith(top):
+            return  # gone already, or the top's own parent: never ours to change
         with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(p), 0o755)
+            os.chmod(parent, 0o755)
             func(p)
 
     shutil.rmtree(path, onerror=retry)  # onerror: Python 3.11 (onexc is 3.12+)
