@@ -183,8 +183,17 @@ def cleanup(workspace: Path, cid: str, *, say: bool = False) -> None:
     shutil.rmtree(workspace, ignore_errors=True)
 
 
-def guard(workspace: Path, cid: str) -> int:
-    """Blocks until the launcher is gone (EOF on stdin), then cleans up (oci.py `guard`)."""
+def guard() -> int:
+    """The guardian (oci.py `guard`): its first line on stdin names the workspace and the container;
+    then it blocks until the launcher is gone (EOF, however it died) and cleans up. The workspace is
+    stamped with the GUARDIAN's pid, not the launcher's: a launcher SIGKILLed (the lifecycle launch)
+    leaves its workspace to the guardian, and another run's sweep (probes/owner.py), which removes a
+    dead owner's directory and kills what names it, must not race the guardian's clean-up (measured:
+    a pause process left running, and /tmp chmod'ed by the racing removal)."""
+    first = sys.stdin.buffer.readline().decode().split()
+    if len(first) != 2 or not Path(first[0]).name.startswith(WORKSPACE_PREFIX):
+        return 2
+    workspace, cid = Path(first[0]), first[1]
     while sys.stdin.buffer.read(4096):
         pass
     cleanup(workspace, cid)
@@ -197,17 +206,23 @@ def launch(args: Sequence[str], spec: Mapping[str, Any]) -> int:
     # podman refuses a runroot past 50 characters, and having refused, it had already made its default
     # storage (/var/lib/containers, with a mount on it: measured): a long $TMPDIR gives way to /tmp.
     runroot = len(tempfile.gettempdir()) + len(WORKSPACE_PREFIX) + len(owner.stamp()) + len("/XXXXXXXX-/run")
-    top = None if runroot <= 50 else "/tmp"
-    workspace = Path(tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{owner.stamp()}-", dir=top))
-    workspace.chmod(0o755)
+    top = None if runroot <= 47 else "/tmp"  # the guardian's pid may have more digits than ours
+    # The guardian lives in a session of its own (the harness's group kill must not reach it) and
+    # holds the read end of a pipe whose write end only we hold (os.pipe fds are not inherited,
+    # PEP 446): the engine and the container never see it.
     r, w = os.pipe()
     try:
         guardian = subprocess.Popen(
-            [sys.executable, "-m", "conformance.adapters.podman", "--guard", str(workspace), cid],
+            [sys.executable, "-m", "conformance.adapters.podman", "--guard"],
             stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
     finally:
         os.close(r)
+    start = owner.start_time(guardian.pid)
+    stamp = owner.Stamp(guardian.pid, start, owner.host_key()) if start is not None else owner.mine()
+    workspace = Path(tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{stamp}-", dir=top))
+    workspace.chmod(0o755)
+    os.write(w, f"{workspace} {cid}\n".encode())
     proc: subprocess.Popen[bytes] | None = None
 
     def stop(signum: int, _frame: Any) -> None:
@@ -239,14 +254,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m conformance.adapters.podman", description=__doc__.splitlines()[0]
     )
-    p.add_argument("--guard", nargs=2, metavar=("WORKSPACE", "ID"), help=argparse.SUPPRESS)
+    p.add_argument("--guard", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("args", nargs=argparse.REMAINDER, help="-- the task's argv")
     a = p.parse_args(argv)
     if a.guard:
-        workspace, cid = a.guard
-        if not Path(workspace).name.startswith(WORKSPACE_PREFIX):
-            p.error("--guard: not one of our workspaces")
-        return guard(Path(workspace), cid)
+        return guard()
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     if not args:
         p.error("no task argv after --")
