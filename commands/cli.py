@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "controls": ("commands.controls", "prove every witness can go red, for the right reason"),
     "mr-check": ("commands.mr_check", "say which tier covers a change, run it, or hand it over"),
     "adapters": ("commands.adapters", "list the adapters for sandboxes this project did not write"),
+    "matrix": ("commands.matrix", "every sandbox this host can run, through one witness set, as one table"),
     "fleet-report": ("commands.fleet_report", "many hosts' probe and witness reports as one table"),
 }
 

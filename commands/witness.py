@@ -100,8 +100,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--adapter",
         metavar="NAME",
-        help="test a sandbox this project did not write: unshare, runc, crun, systemd-run, docker, srt or "
-        "codex "
+        help="test a sandbox this project did not write: unshare, runc, crun, runsc, systemd-run, docker, "
+        "podman, firejail, nspawn, srt or codex "
         "(sets --profile and --launcher; `sandbox-conformance adapters` lists them); a BROKEN promise's "
         "remedy then names that tool's flags",
     )
@@ -287,6 +287,9 @@ def _validate(args: argparse.Namespace) -> Settings:
         profile, launcher = str(resolved.profile), resolved.launcher
         # Our adapters build the tool's configuration from the spec and hand stdin to the tool.
         args.launcher_spec = args.launcher_stdin = True
+        # A user-space kernel's adapter says why the host cannot see its tasks (unless the caller did).
+        if resolved.host_cannot_observe and not getattr(args, "host_cannot_observe", None):
+            args.host_cannot_observe = resolved.host_cannot_observe
     for flag, value in (("--junitxml", args.junitxml), ("--json", args.json)):
         if value is not None:
             outputs.check_target(flag, value, stdout_ok=flag == "--json")

@@ -33,11 +33,12 @@ from probes import mountinfo
 from probes.errnos import errname
 
 # The directories runs leave, by the prefix each module gives mkdtemp (kept in step with
-# conformance/layout.py, conformance/adapters/oci.py, conformance/adapters/srt.py,
+# conformance/layout.py, conformance/adapters/oci.py, conformance/adapters/podman.py,
+# conformance/adapters/srt.py,
 # commands/controls.py, runners/vm/mode.py, runners/vm/qemu.py, runners/container.py,
 # mrcheck/tiers.py; tests/test_cancel.py checks them).
-SWEPT_PREFIXES = ("sbxc-witness-", "sbxc-oci-", "sbxc-srt-", "sbxc-controls-", "sbxc-container.", "sbxc-vm.",
-                  "sbxc-kvm-trial-", "sbxc-mr-check.")
+SWEPT_PREFIXES = ("sbxc-witness-", "sbxc-oci-", "sbxc-pm-", "sbxc-srt-", "sbxc-controls-", "sbxc-container.",
+                  "sbxc-vm.", "sbxc-kvm-trial-", "sbxc-mr-check.")
 # A directory whose name the profile chooses (a layout named like a platform's, conformance/layout.py)
 # carries no stamp: a symlink beside it does, made before it, `.sbxc-owned-<stamp>-NAME -> NAME`.
 LABEL_PREFIX = ".sbxc-owned-"
@@ -281,10 +282,18 @@ def remove_dir(path: str) -> str:
 
 def rmtree(path: str) -> None:
     # A task may have left read-only directories in its writable trees; as their owner or root,
-    # restoring write permission on the parent and retrying is enough (conformance/layout.py).
-    def retry(func, p, _exc):  # type: ignore[no-untyped-def]
+    # restoring write permission on the parent and retrying is enough (conformance/layout.py). Only
+    # a parent INSIDE the tree: when the top itself fails (another run removing the same dead
+    # directory at once: its guardian, a second sweep), its parent is /tmp, which a chmod to 0755
+    # made unwritable to every user (measured: two witness runs in parallel, the matrix's).
+    top = os.path.abspath(path)
+
+    def retry(func, p, exc):  # type: ignore[no-untyped-def]
+        parent = os.path.dirname(os.path.abspath(p))
+        if isinstance(exc[1], FileNotFoundError) or not parent.startswith(top):
+            return  # gone already, or the top's own parent: never ours to change
         with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(p), 0o755)
+            os.chmod(parent, 0o755)
             func(p)
 
     shutil.rmtree(path, onerror=retry)  # onerror: Python 3.11 (onexc is 3.12+)

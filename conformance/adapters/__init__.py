@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
+import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
@@ -31,11 +32,18 @@ class Resolved:
     name: str
     profile: Path  # a TOML file conformance.profile.load reads
     launcher: str  # the --launcher prefix (placeholders unexpanded)
+    # Why the host cannot observe this sandbox's tasks (a user-space kernel), or None: witness's
+    # --host-cannot-observe, which the adapter sets.
+    host_cannot_observe: str | None = None
 
     def witness_args(self) -> list[str]:
         # An adapter builds the tool's configuration from the task spec and hands the program on stdin.
+        unseen = ["--host-cannot-observe", self.host_cannot_observe] if self.host_cannot_observe else []
         return [
-            "--profile", str(self.profile), "--launcher", self.launcher, "--launcher-spec", "--launcher-stdin"
+            "--profile", str(self.profile),
+            "--launcher", self.launcher,
+            "--launcher-spec", "--launcher-stdin",
+            *unseen,
         ]
 
 
@@ -46,6 +54,7 @@ class Adapter:
     profile: str  # file name in conformance/adapters/
     # (as_user, env) -> the launcher prefix; raises Unavailable
     prefix: Callable[[str | None, Mapping[str, str]], str]
+    host_cannot_observe: str | None = None
 
 
 def profile_path(file: str) -> Path:
@@ -90,6 +99,31 @@ def _docker(as_user: str | None, env: Mapping[str, str]) -> str:
     return docker.prefix(env)
 
 
+def _podman(as_user: str | None, env: Mapping[str, str]) -> str:
+    from conformance.adapters import podman
+
+    why = podman.unavailable(env)
+    if why:
+        raise Unavailable(why)
+    return shlex.join([_python(), "-m", "conformance.adapters.podman", "--"])
+
+
+def _firejail(as_user: str | None, env: Mapping[str, str]) -> str:
+    from conformance.adapters import firejail
+
+    return firejail.prefix()
+
+
+def _nspawn(as_user: str | None, env: Mapping[str, str]) -> str:
+    # Not root (as a user, or --as-user): the launcher itself exits 75 with the reason, so a run says
+    # "did not run" once (docs/launchers.md); only a missing tool stops it here.
+    if shutil.which("systemd-nspawn", path=env.get("PATH")) is None:
+        raise Unavailable(
+            "systemd-nspawn not installed (apt-get install --no-install-recommends systemd-container)"
+        )
+    return shlex.join([_python(), "-m", "conformance.adapters.nspawn", "--"])
+
+
 def _srt(as_user: str | None, env: Mapping[str, str]) -> str:
     from conformance.adapters import srt
 
@@ -102,6 +136,11 @@ def _codex(as_user: str | None, env: Mapping[str, str]) -> str:
     return codex.prefix(env)
 
 
+GVISOR_UNSEEN = (
+    "gVisor: the task runs on the Sentry, a user-space kernel; this kernel sees only the Sentry and its "
+    "gofer, never a process with the task's tag"
+)
+
 ADAPTERS: Mapping[str, Adapter] = {
     a.name: a
     for a in (
@@ -113,12 +152,37 @@ ADAPTERS: Mapping[str, Adapter] = {
         ),
         Adapter("crun", "crun run of a generated OCI bundle (as root)", "oci.toml", _oci("crun")),
         Adapter(
+            "runsc",
+            "gVisor runsc run of the same OCI bundle (as root; rootless where it can)",
+            "runsc.toml",
+            _oci("runsc"),
+            host_cannot_observe=GVISOR_UNSEEN,
+        ),
+        Adapter(
             "systemd-run",
             "a transient systemd service with sandboxing properties",
             "systemd-run.toml",
             _systemd_run,
         ),
         Adapter("docker", "docker run with chosen flags against $DOCKER_HOST", "docker.toml", _docker),
+        Adapter(
+            "podman",
+            "podman run --rootfs of a per-launch directory (rootful; rootless with --as-user)",
+            "podman.toml",
+            _podman,
+        ),
+        Adapter(
+            "firejail",
+            "firejail (setuid): state read-only, db masked, no network, private ipc/uts, no caps",
+            "firejail.toml",
+            _firejail,
+        ),
+        Adapter(
+            "nspawn",
+            "systemd-nspawn -D / --volatile=yes, as root (a user: did not run, exit 75)",
+            "nspawn.toml",
+            _nspawn,
+        ),
         Adapter(
             "srt",
             "Anthropic sandbox-runtime (srt): bwrap, deny-read tmpfs, network via its proxy",
@@ -143,7 +207,7 @@ def resolve(name: str, *, as_user: str | None = None, env: Mapping[str, str] | N
     except KeyError:
         raise KeyError(f"no adapter {name!r} (known: {', '.join(ADAPTERS)})") from None
     prefix = adapter.prefix(as_user, os.environ if env is None else env)
-    return Resolved(name, profile_path(adapter.profile), prefix)
+    return Resolved(name, profile_path(adapter.profile), prefix, adapter.host_cannot_observe)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

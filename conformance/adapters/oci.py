@@ -1,4 +1,5 @@
-"""OCI runtime adapter: run the witness through `runc run` or `crun run` from a bundle we generate.
+"""OCI runtime adapter: run the witness through `runc run`, `crun run` or gVisor's `runsc run` from a
+bundle we generate (runsc has its own profile, runsc.toml: what the Sentry keeps of the same bundle).
 
 The bundle (config.json + an empty rootfs directory) is ONE template with profile placeholders
 ({state}, {control}...). The launcher expands it against the task's layout; the profile
@@ -42,7 +43,7 @@ from typing import Any
 from conformance.profile import PLACEHOLDERS, expand
 from probes import owner
 
-RUNTIMES = ("runc", "crun")
+RUNTIMES = ("runc", "crun", "runsc")
 SPEC_ENV = "SANDBOX_CONFORMANCE_TASK_SPEC"  # conformance.launch.SPEC_ENV (not imported: keep this light)
 CLONE_NEWUSER = 0x10000000  # <linux/sched.h>
 # Where a usrmerged host keeps the rest of the system (Debian >= 12: /bin -> usr/bin etc.).
@@ -411,6 +412,12 @@ def runtime_argv(runtime: str, state: Path, *command: str) -> list[str]:
     if runtime == "crun":
         # crun can leave cgroups alone entirely (crun(1): --cgroup-manager=disabled).
         return [*_hybrid_wrap(runtime), exe, "--root", str(state), "--cgroup-manager=disabled", *command]
+    if runtime == "runsc":
+        # gVisor (runsc flags): no cgroup of the host's (--ignore-cgroups); the bundle's network
+        # namespace holds only lo, and --network=none gives the Sentry's netstack none either;
+        # --oci-seccomp: runsc ignores linux.seccomp unless asked (measured: without it a nested user
+        # namespace was created by unshare and clone).
+        return [exe, "--root", str(state), "--ignore-cgroups", "--network=none", "--oci-seccomp", *command]
     return [exe, "--root", str(state), *command]
 
 
@@ -450,11 +457,18 @@ def cleanup(runtime: str, workspace: Path, cid: str) -> None:
     shutil.rmtree(workspace, ignore_errors=True)
 
 
-def guard(runtime: str, workspace: Path, cid: str) -> int:
-    """The guardian: blocks until the launcher is gone (EOF on stdin, however it died), then cleans
-    up. Needed because the harness SIGKILLs the launcher's process group on a timeout, and the
-    container is NOT in that group: runc and crun start it in a session of its own, so it would
-    outlive us, hold the harness's stdout pipe open and keep its state and bundle on disk."""
+def guard(runtime: str) -> int:
+    """The guardian: its first line on stdin names the workspace and the container; then it blocks
+    until the launcher is gone (EOF on stdin, however it died), then cleans up. Needed because the
+    harness SIGKILLs the launcher's process group on a timeout, and the container is NOT in that
+    group: runc and crun start it in a session of its own, so it would outlive us, hold the
+    harness's stdout pipe open and keep its state and bundle on disk. The workspace carries the
+    guardian's stamp, not the launcher's: another run's sweep (probes/owner.py) removes a dead
+    owner's directory and kills what names it, and must not race the guardian's own clean-up."""
+    first = sys.stdin.buffer.readline().decode().split()
+    if len(first) != 2 or not Path(first[0]).name.startswith(WORKSPACE_PREFIX):
+        return 2
+    workspace, cid = Path(first[0]), first[1]
     while sys.stdin.buffer.read(4096):
         pass
     cleanup(runtime, workspace, cid)
@@ -473,16 +487,13 @@ def launch(runtime: str, args: Sequence[str], spec: Mapping[str, Any], config: M
     elif st.st_uid != 0:
         rendered["process"]["user"] = {"uid": st.st_uid, "gid": st.st_gid}
     cid = f"sbxc-{values['task_id']}-{secrets.token_hex(3)}"
-    # Our stamp in the name: if this launcher and its guardian both die, the next run's sweep deletes
-    # the container and the workspace (probes/owner.py).
-    workspace = Path(tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{owner.stamp()}-{values['task_id']}-"))
     # The guardian lives in a session of its own (the harness's group kill must not reach it) and
     # holds the read end of a pipe whose write end only we hold (os.pipe fds are not inherited,
     # PEP 446): the runtime and the container never see it.
     r, w = os.pipe()
     try:
         guardian = subprocess.Popen(
-            [sys.executable, "-m", "conformance.adapters.oci", "--guard", runtime, str(workspace), cid],
+            [sys.executable, "-m", "conformance.adapters.oci", "--guard", runtime],
             stdin=r,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -490,6 +501,13 @@ def launch(runtime: str, args: Sequence[str], spec: Mapping[str, Any], config: M
         )
     finally:
         os.close(r)
+    # The guardian's stamp in the name: if this launcher and its guardian both die, the next run's
+    # sweep deletes the container and the workspace (probes/owner.py); while the guardian lives, no
+    # sweep touches it.
+    start = owner.start_time(guardian.pid)
+    stamp = owner.Stamp(guardian.pid, start, owner.host_key()) if start is not None else owner.mine()
+    workspace = Path(tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{stamp}-{values['task_id']}-"))
+    os.write(w, f"{workspace} {cid}\n".encode())
     proc: subprocess.Popen[bytes] | None = None
 
     def stop(signum: int, _frame: Any) -> None:
@@ -525,17 +543,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--runtime", choices=RUNTIMES)
     p.add_argument("--print-profile", action="store_true", help="print the profile derived from the bundle")
     p.add_argument("--mask-missing", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--guard", nargs=3, metavar=("RUNTIME", "WORKSPACE", "ID"), help=argparse.SUPPRESS)
+    p.add_argument("--guard", metavar="RUNTIME", help=argparse.SUPPRESS)
     p.add_argument("args", nargs=argparse.REMAINDER, help="-- the task's argv")
     a = p.parse_args(argv)
     if a.print_profile:
         sys.stdout.write(shipped_profile_text())
         return 0
     if a.guard:
-        runtime, workspace, cid = a.guard
-        if runtime not in RUNTIMES or not Path(workspace).name.startswith(WORKSPACE_PREFIX):
-            p.error("--guard: not one of our workspaces")
-        return guard(runtime, Path(workspace), cid)
+        if a.guard not in RUNTIMES:
+            p.error("--guard: not one of our runtimes")
+        return guard(a.guard)
     if a.runtime is None:
         p.error("--runtime is required")
     args = a.args[1:] if a.args[:1] == ["--"] else a.args

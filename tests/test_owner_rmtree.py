@@ -1,0 +1,37 @@
+"""probes/owner.rmtree, the sweep's remover: it may restore write permission on a directory inside the
+tree it removes, never on the tree's own parent (/tmp). Two runs removing the same dead directory at
+once (a witness run's sweep and an adapter's guardian, measured under the matrix's two parallel
+witness runs) made the top's rmdir fail, and the retry chmod'ed /tmp to 0755."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from probes import owner
+
+
+def test_a_failure_on_the_top_itself_leaves_its_parent_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parent = tmp_path / "tmp"
+    parent.mkdir()
+    parent.chmod(0o1777)
+    top = parent / "sbxc-y"
+    (top / "a").mkdir(parents=True)
+    real_rmdir = os.rmdir
+
+    def racing_rmdir(path: str | os.PathLike[str], *a: object, **k: object) -> None:
+        if os.path.abspath(path) == str(top):
+            # Another remover got there first: the top is gone when we come to it.
+            real_rmdir(path)
+            raise FileNotFoundError(2, "No such file or directory", str(top))
+        real_rmdir(path, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "rmdir", racing_rmdir)
+    owner.rmtree(str(top))
+    assert stat.S_IMODE(parent.stat().st_mode) == 0o1777
+    assert not top.exists()
