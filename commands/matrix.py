@@ -46,6 +46,7 @@ KEPT, BROKEN, NOT_TESTED = "kept", "BROKEN", "not tested"
 NOT_CLAIMED, DID_NOT_RUN = "not claimed", "did not run"
 UNSAID = "the profile does not make this promise"
 CELLS = (KEPT, BROKEN, NOT_TESTED, NOT_CLAIMED, DID_NOT_RUN)
+TASK_VIEW = "kept, task's view"  # judged on what the task showed alone: the host could not observe it
 FORMATS = ("text", "markdown", "json")
 REQUIRE_ENV = "SANDBOX_CONFORMANCE_REQUIRE"
 MAX_JOBS = 2  # the witness runs are launches of real sandboxes: two at a time on a 2-core machine
@@ -267,6 +268,9 @@ def cell(promise: str, outcome: Outcome, reasons: Mapping[str, str]) -> tuple[st
             verdict, detail = str(p.get("verdict")), str(p.get("detail") or "")
             if verdict == KEPT and detail.startswith("partly"):
                 return "kept, partly", detail
+            # commands/witness.py TASK_VIEW_ONLY: the host could not observe the task
+            if verdict == KEPT and detail.startswith("task's view only"):
+                return TASK_VIEW, detail
             return (verdict if verdict in CELLS else NOT_TESTED), detail
     return NOT_CLAIMED, reasons.get(promise, UNSAID)
 
@@ -330,7 +334,7 @@ def host_facts() -> dict[str, str]:
 
 
 def _short(verdict: str) -> str:
-    return {"kept, partly": "kept*"}.get(verdict, verdict)
+    return {TASK_VIEW: "kept*", "kept, partly": "kept~"}.get(verdict, verdict)
 
 
 def label(c: Mapping[str, Any]) -> str:
@@ -363,7 +367,8 @@ def render_text(doc: Mapping[str, Any]) -> str:
     t = table(doc)
     widths = [max(len(r[i]) for r in t) for i in range(len(t[0]))]
     lines = ["  ".join(x.ljust(w) for x, w in zip(r, widths, strict=True)).rstrip() for r in t]
-    lines += ["", "kept* = kept, judged from the task's own view (the host cannot observe it)", ""]
+    lines += ["", "kept* = kept, judged from the task's own view alone (the host cannot observe it); "
+              "kept~ = kept, partly (some of its witnesses could not be judged)", ""]
     lines += [f"{col}: {promise}: {verdict}: {detail}" for col, promise, verdict, detail in details(doc)]
     lines += ["", summary_line(doc)]
     return "\n".join(lines) + "\n"
@@ -381,8 +386,9 @@ def render_markdown(doc: Mapping[str, Any], *, command: str = "") -> str:
     out += [
         f"Host: {h['os']}, Linux {h['kernel']}, {h['arch']}. A column per sandbox and user; its profile is "
         "the adapter's shipped one (`conformance/adapters/NAME.toml`), the reference sandbox's the embedded "
-        "`reference.toml`. `kept*`: kept, judged from the task's own view (the host cannot observe the "
-        "task). Every cell that is not `kept` is explained under Details.",
+        "`reference.toml`. `kept*`: kept, judged from the task's own view alone (the host cannot observe "
+        "the task); `kept~`: kept, partly (some of its witnesses could not be judged). Every cell that is "
+        "not `kept` is explained under Details.",
         "",
         "| column | version | profile | result |",
         "|---|---|---|---|",

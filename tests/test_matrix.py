@@ -215,11 +215,14 @@ def test_runsc_is_judged_from_the_tasks_view_where_the_host_cannot_see_it(
     col, cells = ran(matrix, "runsc", user)
     assert col["exit"] == 0 and col["summary"]["broken"] == 0, col
     # The adapter sets --host-cannot-observe: what only the host can judge is not tested, with why.
-    for promise in ("pid", "capabilities", "write_surface", "kernel_view"):
+    for promise in ("capabilities", "write_surface", "kernel_view"):
         assert cells[promise]["verdict"] == mx.NOT_TESTED, (promise, cells[promise])
         assert "the host cannot observe this task (gVisor" in cells[promise]["detail"]
-    # What the task shows by its own behaviour is judged: writes refused, the network, the binds.
-    assert cells["read_only /usr"]["verdict"] == "kept, partly"
+    # What the task shows by its own behaviour is judged: writes refused, the network, the binds, and
+    # from its view alone the secret, the host's processes, its shared memory, what the task opened.
+    assert cells["read_only /usr"]["verdict"] == cells["pid"]["verdict"] == "kept, partly"
+    for promise in ("secrets", "environment", "ipc", "uts", "devices", "host_sockets"):
+        assert cells[promise]["verdict"] == mx.TASK_VIEW, (promise, cells[promise])
     for promise in ("writable {workdir}", "control", "absent {other_user}", "nested_userns"):
         assert cells[promise]["verdict"] == mx.KEPT, (promise, cells[promise])
     [task] = report(col)["tasks"]
