@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,6 +31,20 @@ def base_env(**extra: str) -> dict[str, str]:
     env = {"PATH": BASE_PATH, "LANG": "C.UTF-8", "HOME": os.environ.get("HOME", "/root")}
     env.update(extra)
     return env
+
+
+@pytest.fixture
+def no_podman(tmp_path: Path) -> str:
+    """A PATH with every command of BASE_PATH but podman (installed for its adapter, scripts/test-tier-deps):
+    podman needs no daemon, so an unreachable DOCKER_HOST alone leaves a container engine that answers."""
+    shadow = tmp_path / "bin"
+    shadow.mkdir()
+    for d in BASE_PATH.split(":"):
+        with contextlib.suppress(OSError):
+            for name in os.listdir(d):
+                if name != "podman" and not (shadow / name).exists():
+                    (shadow / name).symlink_to(os.path.join(d, name))
+    return str(shadow)
 
 
 def sbxc(*args: str, env: Mapping[str, str] | None = None, timeout: float = 120,
@@ -109,8 +124,8 @@ def test_print_mode_prints_the_mode_with_its_reasons_and_runs_nothing(
         assert not marker.exists(), "--print-mode ran the suite"
 
 
-def test_the_mode_environment_variable_is_the_mode_option() -> None:
-    c = sbxc("run", "--print-mode", env=base_env(SANDBOX_CONFORMANCE_MODE="container",
+def test_the_mode_environment_variable_is_the_mode_option(no_podman: str) -> None:
+    c = sbxc("run", "--print-mode", env=base_env(SANDBOX_CONFORMANCE_MODE="container", PATH=no_podman,
                                                   DOCKER_HOST="unix:///nonexistent/docker.sock"))
     assert c.returncode == 75
     assert c.stdout.startswith("mode: refused (requested container)")
@@ -155,8 +170,11 @@ def test_delegate_without_a_user_manager_refuses_with_the_reason() -> None:
     assert verdict(c)[0] == "REFUSED"
 
 
-def test_container_mode_with_an_unreachable_engine_refuses_with_a_sentence_about_it(tmp_path: Path) -> None:
-    c = sbxc("run", "--mode", "container", env=base_env(DOCKER_HOST=f"unix://{tmp_path}/docker.sock"))
+def test_container_mode_with_an_unreachable_engine_refuses_with_a_sentence_about_it(
+    tmp_path: Path, no_podman: str
+) -> None:
+    env = base_env(DOCKER_HOST=f"unix://{tmp_path}/docker.sock", PATH=no_podman)
+    c = sbxc("run", "--mode", "container", env=env)
     assert c.returncode == 75, c.stderr
     assert "container mode cannot run" in c.stderr and "engine" in c.stderr
     assert "Traceback" not in c.stderr
