@@ -325,3 +325,25 @@ def test_a_sandbox_the_host_cannot_observe_is_judged_on_what_its_task_shows(tmp_
     leaky = witness("--host-cannot-observe", why, "--perturb", "env_kept", "--json", str(tmp_path / "l.json"))
     rows = {p["promise"]: p["verdict"] for p in json.loads((tmp_path / "l.json").read_text())["promises"]}
     assert leaky.returncode == 1 and rows["environment"] == "BROKEN", leaky.stdout
+
+
+def test_a_read_write_mount_whose_writes_something_else_refuses_is_named_a_contradiction(
+    tmp_path: Path,
+) -> None:
+    # Issue 29: /usr bound read-write, every write there refused by a Landlock ruleset with EACCES, which
+    # this profile accepts. The mount table and the task's behaviour disagree: still BROKEN (a call the
+    # ruleset does not see may write), and the finding says which disagreement it is.
+    from conformance.guard import findings
+
+    text = (REPO / "conformance" / "profiles" / "reference.toml").read_text()
+    text = text.replace('absent = ["{neighbour_control}", "{other_user}"]\n',
+                        'absent = ["{neighbour_control}", "{other_user}"]\nrefuse = ["EROFS", "EACCES"]\n', 1)
+    prof = tmp_path / "p.toml"
+    prof.write_text(text.split("\n[limits]")[0])
+    disable = ["--disable-userns"] if findings(None)["disable_userns"].ok else []
+    words = [sys.executable, "-m", "conformance.control_launchers.reference", "--task={task_id}", *disable,
+             "--append=--bind", "--append=/usr", "--append=/usr", "--landlock-refuse=/usr", "--"]
+    launcher = " ".join(words)
+    done = witness("--profile", str(prof), "--launcher", launcher, "--only", "read_only")
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("read_only /usr: "))
+    assert done.returncode == 1 and "BROKEN" in line and "a contradiction: every write" in line, done.stdout
