@@ -157,8 +157,14 @@ def attempt(host: Host, cli: str, path: str) -> Attempt:
     # Podman has no daemon to ask: `podman info` does the engine's work in the CLI process (storage,
     # network, cgroup manager), seen taking over 5 s in a TCG guest (tests/test_host_shape_lab.py).
     limit = host.timeout if cli == "podman" else min(CLI_TIMEOUT, host.timeout)
-    done = host.runner([path, "info", "--format", "{{json .}}"], timeout=limit,
-                       env=cli_env(host))
+    argv = [path, "info", "--format", "{{json .}}"]
+    unshare = host.which("unshare") if cli == "podman" and host.euid == 0 else None
+    if unshare is not None:
+        # Rootful podman's overlay driver binds its storage directory onto itself on first use (to make
+        # it private) and leaves the mount behind: a probe must not. In a mount namespace of its own
+        # the bind dies with the trial (mount_namespaces(7)); storage it creates is podman's first use.
+        argv = [unshare, "--mount", "--propagation", "private", *argv]
+    done = host.runner(argv, timeout=limit, env=cli_env(host))
     info = parse_docker_info(done) if cli == "docker" else parse_podman_info(done)
     if info is not None:
         return Attempt(cli, path, ep, None, info, "")
