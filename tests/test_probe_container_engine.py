@@ -190,13 +190,16 @@ def test_a_refused_socket_is_denied():
 # --- the real host --------------------------------------------------------------------------------
 
 @pytest.mark.integration
-def test_the_real_host_without_a_daemon_says_so():
-    if shutil.which("docker") is None and shutil.which("podman") is None:
-        pytest.skip("no docker or podman CLI on this host")
-    if os.path.exists(ce.DOCKER_DEFAULT_SOCKET) or shutil.which("podman"):
-        pytest.skip("an engine socket exists (or podman, which needs none): not the no-daemon shape")
-    drop = ("DOCKER_HOST", "DOCKER_CONTEXT", "CONTAINER_HOST")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
+def test_the_real_host_without_a_daemon_says_so(tmp_path):
+    docker = shutil.which("docker")
+    if docker is None:
+        pytest.skip("no docker CLI on this host")
+    if os.path.exists(ce.DOCKER_DEFAULT_SOCKET):
+        pytest.skip("an engine socket exists: not the no-daemon shape")
+    # The docker CLI alone on PATH: podman (installed for its adapter) needs no daemon, and answers.
+    (tmp_path / "docker").symlink_to(docker)
+    drop = ("DOCKER_HOST", "DOCKER_CONTEXT", "CONTAINER_HOST", "PATH")
+    env = {**{k: v for k, v in os.environ.items() if k not in drop}, "PATH": str(tmp_path)}
     f = probe(Host(env=env))
     assert f.verdict is Verdict.unsupported, f.reason
     assert "no engine listening at /var/run/docker.sock (ENOENT)" in f.reason
