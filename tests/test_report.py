@@ -423,7 +423,8 @@ def test_a_home_that_does_not_exist_gets_no_log_and_nothing_made_for_one(tmp_pat
     # Issue 28: root made HOME's whole tree (/nowhere/x/.local/state/sandbox-conformance/logs).
     nowhere = tmp_path / "nowhere" / "x"
     assert output.new_log("witness", {"HOME": str(nowhere)}) is None
-    assert output.new_log("witness", {"XDG_STATE_HOME": str(nowhere / "state"), "HOME": str(tmp_path)}) is None
+    named = {"XDG_STATE_HOME": str(nowhere / "state"), "HOME": str(tmp_path)}
+    assert output.new_log("witness", named) is None
     assert output.RunLog.choose(verbose=False, log=None, environ={"HOME": str(nowhere)}).path is None
     assert sorted(tmp_path.iterdir()) == []
     # A HOME that exists gets its ~/.local/state made as ever; a named XDG_STATE_HOME is made too.
