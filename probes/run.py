@@ -224,12 +224,17 @@ def run(
     other one above stderr is closed in it, as Popen does by default). Interrupted (a Cancelled, any
     exception), run() stops the child's group (SIGTERM, STOP_GRACE, SIGKILL) before it re-raises."""
     argv = tuple(str(a) for a in argv)
-    if cancel.received() is not None and threading.current_thread() is not threading.main_thread():
+    worker = threading.current_thread() is not threading.main_thread()
+    if cancel.received() is not None and worker:
         # Cancelled: a worker thread starts nothing new. The main thread may, on its way out: its
         # clean-up (`docker rm --force`) runs through here.
         cancel.check()
     started = time.monotonic()
     pipe = subprocess.PIPE if capture else None
+    # From the fork to the child's group tracked, a stop signal waits (in the main thread; the
+    # handler runs nowhere else): raised inside Popen it left a child running that nothing knew of.
+    # It is raised below, inside the try that stops the child.
+    hold = cancel.deferred().__enter__()
     try:
         proc = subprocess.Popen(
             argv,
@@ -245,15 +250,31 @@ def run(
             pass_fds=tuple(pass_fds),
         )
     except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
+        hold.release()
         return Completed(argv, 127, "", f"{argv[0]}: {e.strerror}", 0.0, not_found=True)
     except BlockingIOError as e:
+        hold.release()
         # fork(2) refused with EAGAIN: RLIMIT_NPROC or pids.max exhausted. A fact about the host,
         # reported as a failed start, not a crash of whoever asked.
         return Completed(argv, None, "", f"{argv[0]}: fork: {errno.errorcode[e.errno or errno.EAGAIN]}", 0.0)
+    except BaseException:
+        hold.__exit__(*sys.exc_info())
+        raise
     cancel.track(proc.pid, signal.SIGTERM)
     try:
-        if on_start is not None:
-            on_start(proc.pid)
+        try:
+            hold.release()
+            if worker and cancel.received() is not None:
+                # The stop came while this thread started its child, after the stopper had signalled
+                # the groups it knew (issue 28: that launcher ran on to its whole timeout).
+                cancel.check()
+            if on_start is not None:
+                on_start(proc.pid)
+        except BaseException:
+            stop(proc)
+            if not capture:
+                cancel.stopped_sharing_output()
+            raise
         if on_line is not None or after_exit is not None:
             return _streamed(proc, argv, input, timeout, started, on_line, after_exit)
         try:
@@ -292,6 +313,10 @@ class Background(Generic[T]):
         except BaseException as e:  # handed to whoever asks for the result, in their thread
             self._error = e
 
+    def join(self) -> None:
+        """Wait for it to end, whatever it ended with."""
+        self._thread.join()
+
     def result(self) -> T:
         self._thread.join()
         if self._error is not None:
@@ -318,6 +343,7 @@ class Forked:
         for stream in (sys.stdout, sys.stderr):  # or what is buffered would be written twice
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
+        hold = cancel.deferred().__enter__()  # a stop signal waits until the child is known, as in run()
         pid = os.fork()
         if pid == 0:  # pragma: no cover (the child; its effects are what the tests see)
             _child(body, parent, set_pdeathsig, die_with)
@@ -326,6 +352,16 @@ class Forked:
         self.returncode: int | None = None
         self.reaped = False
         cancel.track(pid, signal.SIGTERM)
+        try:
+            hold.release()
+        except BaseException:  # stopped as wait() stops it: nobody else will wait for it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
+            if not self._reap(STOP_GRACE):
+                kill_group(pid)
+                self._reap(None)
+            cancel.untrack(pid)
+            raise
 
     def wait(self, timeout: float) -> int | None:
         """Its exit code (-N for a signal, as Popen says it), or None: it ran past `timeout` from its
