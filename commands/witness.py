@@ -428,6 +428,10 @@ def _pytest_argv(args: argparse.Namespace, junit: Path | None = None) -> list[st
         # rewriting added a hook to every import and a wrapper to every test: ~15 ms of a witness
         # run (bench/). `-- --assert=rewrite` brings pytest's introspection back to the log.
         "--assert=plain",
+        # Short tracebacks in the log: the long form shows each frame's arguments, and the repr of
+        # a task (its whole document) was rebuilt for every failure: with 2,000 read-only paths,
+        # minutes (issue 28). `-- --tb=long` brings them back.
+        "--tb=short",
         "-rfEs",
     ]
     if args.junitxml:
