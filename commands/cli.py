@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import errno
 import gc
 import importlib
 import os
@@ -18,7 +19,7 @@ from typing import NoReturn
 
 import commands
 from probes import cancel
-from probes.exits import EXIT_UNAVAILABLE, EXIT_USAGE, Refusal, UsageError
+from probes.exits import EXIT_FAIL, EXIT_UNAVAILABLE, EXIT_USAGE, Refusal, UsageError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -135,6 +136,15 @@ def _command(argv: list[str]) -> int:
             for way in e.ways_on:
                 print(f"  way on: {way}", file=sys.stderr)
             return EXIT_UNAVAILABLE
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # The disk filled during the run (one full before it is exit 2, probes/outputs.py
+            # check_space): a fact about the host, said in one line, not a traceback (issue 28).
+            where = f": {e.filename}" if e.filename else ""
+            print(f"sandbox-conformance {args.command}: harness error: {e.strerror} "
+                  f"({errno.errorcode[e.errno]}){where}", file=sys.stderr)
+            return EXIT_FAIL
     except cancel.Cancelled as e:
         return cancel.finish(e)
     except KeyboardInterrupt:  # ^C before the handlers were installed

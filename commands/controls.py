@@ -31,7 +31,7 @@ from conformance import render
 from conformance.controls import Control
 from conformance.controls_judge import ControlStatus, ControlVerdict, Result
 from conformance.render import PLAIN, Style
-from probes import cancel, owner
+from probes import cancel, outputs, owner
 from probes.cgroupfs import PROMISE_ENV
 from probes.exits import EXIT_FAIL, EXIT_OK, Refusal, UsageError, check_as_user, check_seconds
 from probes.run import Completed, Runner, minimal_env, run
@@ -477,6 +477,9 @@ def to_json(report: ControlsReport, controls: Mapping[str, Control]) -> dict[str
 
 def main(args: argparse.Namespace) -> int:
     _validate(args)
+    # Its scratch and every witness run's layouts and reports are made there (a full disk was 75,
+    # "did not run", once the baseline could not write its report: issue 28).
+    outputs.check_space("TMPDIR", tempfile.gettempdir())
     chosen, with_unsandboxed = _choose(args.only)
     from probes.host import Host
 

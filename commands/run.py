@@ -18,6 +18,7 @@ import pwd
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -97,6 +98,9 @@ def _validate(args: argparse.Namespace, request: Request) -> None:
         if problem:
             raise UsageError(f"--as-user {args.as_user}: {problem}")
     check_seconds("--timeout", args.timeout)
+    if request.mode in (Mode.auto, Mode.native, Mode.container):
+        # Where a native witness run makes its layouts, container mode its inputs and reports.
+        outputs.check_space("TMPDIR", tempfile.gettempdir())
     output.check_arguments(args)  # --format, -v, --log: the witness command's own rules
     if args.verdict_json == "-":
         raise UsageError(f"{run_verdict.FLAG}: a file, not '-' (stdout carries the suite's own output)")

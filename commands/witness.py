@@ -14,6 +14,7 @@ import gc
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -263,6 +264,11 @@ def _validate(args: argparse.Namespace) -> Settings:
          ("--launcher", outputs.launcher_file(launcher))],
     )
     check_as_user(args.as_user, group_by_name=False)
+    layout_root = getattr(args, "layout_root", None)
+    if layout_root:
+        outputs.check_space("--layout-root", layout_root)
+    else:
+        outputs.check_space("TMPDIR", tempfile.gettempdir())  # where the layouts are made
     try:
         return settings_mod.build(
             profile=profile,
@@ -428,10 +434,11 @@ def _pytest_argv(args: argparse.Namespace, junit: Path | None = None) -> list[st
         # rewriting added a hook to every import and a wrapper to every test: ~15 ms of a witness
         # run (bench/). `-- --assert=rewrite` brings pytest's introspection back to the log.
         "--assert=plain",
-        # Short tracebacks in the log: the long form shows each frame's arguments, and the repr of
-        # a task (its whole document) was rebuilt for every failure: with 2,000 read-only paths,
-        # minutes (issue 28). `-- --tb=long` brings them back.
-        "--tb=short",
+        # Python's own tracebacks in the log: pytest's long form shows each frame's arguments (the
+        # repr of a whole task document, rebuilt for every failure) and its short form still parses
+        # the test module's source for each one; with 2,000 read-only paths, minutes (issue 28).
+        # `-- --tb=long` brings pytest's back.
+        "--tb=native",
         "-rfEs",
     ]
     if args.junitxml:
