@@ -135,12 +135,18 @@ def environment(scratch: Path) -> dict[str, str]:
 
 # ---- what a try may leave ----------------------------------------------------------------------------
 
+# What these scenarios make outside their own TMPDIR (a launcher's minimal environment has no TMPDIR):
+# /tmp and /var/tmp are shared with other jobs on the machine, whose OCI bundles are not ours.
+OURS_OUTSIDE = ("sbxc-witness-", "sbxc-controls-", "sbxc-mr-check.")
+
+
 def stamped_dirs(env: dict[str, str]) -> set[Path]:
     out = set()
     for d in dict.fromkeys([env["TMPDIR"], "/tmp", "/var/tmp"]):
+        prefixes = owner.SWEPT_PREFIXES if d == env["TMPDIR"] else OURS_OUTSIDE
         with contextlib.suppress(OSError):
             for p in Path(d).iterdir():
-                if p.name.startswith(owner.SWEPT_PREFIXES) and owner.find(p.name) is not None:
+                if p.name.startswith(prefixes) and owner.find(p.name) is not None:
                     out.add(p)
     return out
 

@@ -308,9 +308,13 @@ def track(pgid: int, stop_signal: int = signal.SIGTERM) -> None:
 
 
 def untrack(pgid: int) -> None:
+    # The guardian is told first: finish() goes on to close its pipe once a group is forgotten here,
+    # and a "done" sent after that was lost. The guardian then stopped a group run() had reaped, whose
+    # last members, reparented to us as their subreaper, were zombies only our exit could reap: every
+    # stop of a run with a probe's trial under way took the guardian's whole 5 s (bench/signal_bench.py).
+    _tell({"done": -pgid})
     with _state.lock:
         _state.groups.pop(pgid, None)
-    _tell({"done": -pgid})
 
 
 def guard_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
