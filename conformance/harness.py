@@ -38,7 +38,7 @@ from conformance.launch import (
     launch,
 )
 from conformance.profile import Profile, expand
-from probes import cancel, netif
+from probes import cancel, kills, netif
 from probes.cgroupfs import own_cgroup
 from probes.finding import Finding, Verdict
 from probes.host import Host
@@ -836,6 +836,7 @@ class _TreeKill:
         try:
             before = [v for v in map(host_view, self.leaf.procs()) if v is not None]
             self._killing.set()
+            kills.record(0, signal.SIGKILL, f"the cgroup promise: cgroup.kill of the leaf {self.leaf.path}")
             method = self.leaf.kill(timeout=10)
             self.result = {"killed": True, "method": str(method), "marker": marker, "before": before}
             after = self.leaf.procs()

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-from probes import cancel, mountinfo
+from probes import cancel, kills, mountinfo
 from probes.cgroupfs import own_cgroup
 from probes.errnos import errname
 from probes.finding import EMPTY
@@ -735,7 +735,7 @@ def kill(procs: Sequence[Mapping[str, Any]], proc: Path = Path("/proc")) -> None
     for p in procs:
         with contextlib.suppress(OSError, ValueError):
             if stat_fields(_read(proc / str(p["pid"]) / "stat"))["starttime"] == p["starttime"]:
-                os.kill(p["pid"], signal.SIGKILL)
+                kills.kill(p["pid"], signal.SIGKILL, "the observer: a leftover of the launch")
     for p in procs:
         if any("orphan" in w for w in p["why"]):
             with contextlib.suppress(ChildProcessError):
@@ -931,7 +931,7 @@ class Watch:
             self.lifecycle_result = {"killed": False, "why": "the launcher's pid was never known"}
             return
         first = host_task(task)
-        os.kill(self.launcher_pid, signal.SIGKILL)
+        kills.kill(self.launcher_pid, signal.SIGKILL, "the lifecycle promise: its launcher, at the handshake")
         start = time.monotonic()
         while time.monotonic() - start < LIFECYCLE_SECONDS:
             now = host_task(task)

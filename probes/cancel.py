@@ -270,9 +270,10 @@ def _stop_all() -> None:
 def stop_groups(groups: Mapping[int, int], *, grace: float, tracked: bool = False) -> None:
     """Each group's stop signal, then SIGKILL for what is still there after `grace`. tracked: wait
     for run() to forget them (it has reaped the leader) rather than for the group to be empty."""
+    from probes import kills
+
     for pgid, sig in groups.items():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
+        kills.killpg(pgid, sig, "the run was cancelled")
     deadline = time.monotonic() + grace
 
     def left() -> list[int]:
@@ -283,8 +284,7 @@ def stop_groups(groups: Mapping[int, int], *, grace: float, tracked: bool = Fals
     while left() and time.monotonic() < deadline:
         time.sleep(0.05)
     for pgid in left():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
+        kills.killpg(pgid, signal.SIGKILL, "the run was cancelled: still there after the grace")
 
 
 def _group_alive(pgid: int) -> bool:

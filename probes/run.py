@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
-from probes import cancel, child_exit
+from probes import cancel, child_exit, kills
 
 T = TypeVar("T")
 
@@ -55,6 +55,10 @@ class Completed(NamedTuple):
     seconds: float
     timed_out: bool = False
     not_found: bool = False  # argv[0] could not be executed at all
+    pid: int | None = None  # the child's pid (its process group's too)
+    # time.monotonic() at its start and when its leader was seen gone: what ran meanwhile (kills.ended)
+    started: float | None = None
+    exited: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -137,9 +141,8 @@ def minimal_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 STOP_GRACE = 10.0
 
 
-def kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+def kill_group(pgid: int, reason: str = "its leader had exited: what it left in its group") -> None:
+    kills.killpg(pgid, signal.SIGKILL, reason)
 
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -186,11 +189,10 @@ def die_with_parent(sig: int = signal.SIGKILL, *, stderr_is_tty: bool = False) -
 
 def stop(proc: subprocess.Popen[str], grace: float = STOP_GRACE) -> None:
     """The orderly stop of a child's group: SIGTERM, up to `grace` for the leader to exit, SIGKILL."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGTERM)
+    kills.killpg(proc.pid, signal.SIGTERM, "stopped: its caller was interrupted or the run cancelled")
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)
-    kill_group(proc.pid)
+    kill_group(proc.pid, "stopped: the rest of its group after the grace")
     proc.wait()
 
 
@@ -279,13 +281,16 @@ def run(
             return _streamed(proc, argv, input, timeout, started, on_line, after_exit)
         try:
             out, err = proc.communicate(input, timeout=timeout)
+            exited = time.monotonic()
             # The leader exited; anything it left in its group (a daemonised grandchild) goes too.
             kill_group(proc.pid)
-            return Completed(argv, proc.returncode, out or "", err or "", time.monotonic() - started)
+            return Completed(argv, proc.returncode, out or "", err or "", time.monotonic() - started,
+                             pid=proc.pid, started=started, exited=exited)
         except subprocess.TimeoutExpired:
-            kill_group(proc.pid)
+            kill_group(proc.pid, f"our timeout ({timeout:g} s)")
             out, err = proc.communicate()
-            return Completed(argv, None, out or "", err or "", time.monotonic() - started, timed_out=True)
+            return Completed(argv, None, out or "", err or "", time.monotonic() - started, timed_out=True,
+                             pid=proc.pid, started=started)
         except BaseException:
             stop(proc)
             if not capture:
@@ -501,11 +506,12 @@ def _streamed(
         t.start()
     try:
         timed_out = not child_exit.wait_exit(proc, timeout)
+        exited = time.monotonic()
         if timed_out:
             # Our timeout: the launcher's group goes now. What it started outside its group (a setsid
             # daemon, now ours as the subreaper's) is judged and killed by after_exit below, as after
             # a launcher that exited by itself (issue 28: it was left running with ppid 1).
-            kill_group(proc.pid)
+            kill_group(proc.pid, f"our timeout ({timeout:g} s)")
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
         # The leader is gone; its output may still be in the pipes. A survivor that holds them keeps
@@ -532,4 +538,7 @@ def _streamed(
         err.text(),
         time.monotonic() - started,
         timed_out=timed_out,
+        pid=proc.pid,
+        started=started,
+        exited=exited,
     )
