@@ -25,7 +25,7 @@ REFERENCE = Path(cli.__file__).resolve().parent.parent / "conformance" / "profil
 
 @contextlib.contextmanager
 def _quiet_cancel(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(cancel, "install", lambda label: None)
+    monkeypatch.setattr(cancel, "install", lambda label, **_kw: None)
     yield
 
 
