@@ -479,7 +479,7 @@ def main(args: argparse.Namespace) -> int:
     _validate(args)
     # Its scratch and every witness run's layouts and reports are made there (a full disk was 75,
     # "did not run", once the baseline could not write its report: issue 28).
-    outputs.check_space("TMPDIR", tempfile.gettempdir())
+    outputs.check_temp_space()
     chosen, with_unsandboxed = _choose(args.only)
     from probes.host import Host
 

@@ -18,7 +18,6 @@ import pwd
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -100,7 +99,7 @@ def _validate(args: argparse.Namespace, request: Request) -> None:
     check_seconds("--timeout", args.timeout)
     if request.mode in (Mode.auto, Mode.native, Mode.container):
         # Where a native witness run makes its layouts, container mode its inputs and reports.
-        outputs.check_space("TMPDIR", tempfile.gettempdir())
+        outputs.check_temp_space()
     output.check_arguments(args)  # --format, -v, --log: the witness command's own rules
     if args.verdict_json == "-":
         raise UsageError(f"{run_verdict.FLAG}: a file, not '-' (stdout carries the suite's own output)")

@@ -14,7 +14,6 @@ import gc
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -268,7 +267,7 @@ def _validate(args: argparse.Namespace) -> Settings:
     if layout_root:
         outputs.check_space("--layout-root", layout_root)
     else:
-        outputs.check_space("TMPDIR", tempfile.gettempdir())  # where the layouts are made
+        outputs.check_temp_space()  # where the layouts are made
     try:
         return settings_mod.build(
             profile=profile,

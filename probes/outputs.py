@@ -167,3 +167,14 @@ def check_space(what: str, directory: str) -> None:
             f"{what} {directory}: no space left on its filesystem ({free // 1024} KiB and {inodes} inodes "
             f"free; a run needs {MIN_FREE_BYTES >> 20} MiB and {MIN_FREE_INODES}): free some, or point "
             "TMPDIR (or --layout-root) at another filesystem")
+
+
+def check_temp_space() -> None:
+    """check_space for where the temporary files go: $TMPDIR (or TEMP, TMP), else /tmp, as named; not
+    tempfile.gettempdir(), which raises where none is writable (a read-only sandbox), and that is for
+    the refusal a run then makes to say."""
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        if os.environ.get(name):
+            check_space(name, os.environ[name])
+            return
+    check_space("the temporary directory", "/tmp")
