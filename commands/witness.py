@@ -547,7 +547,7 @@ def _pytest_session(args: argparse.Namespace, out: output.WitnessOutput, setting
         )
         code = EXIT_FAIL
     elif rc == 4:
-        code = EXIT_USAGE
+        return EXIT_USAGE  # pytest refused the `-- PYTEST ARGS`: one line, no table (output.finish)
     else:
         code = EXIT_FAIL
     perturbed = sorted(settings.perturbations)

@@ -214,10 +214,17 @@ class WitnessOutput:
         if self.verbose:
             return
         if self.log is not None and code == EXIT_USAGE:
-            # pytest's own usage error (`-- --bogus`) went to the log: say it here too.
-            for line in _read(self.log).splitlines():
-                if line.startswith("ERROR:") or ": error: " in line:
-                    self.stderr.write(f"{line}\n")
+            # pytest's own usage error (`-- --bogus`) went to the log: said here in one line, as every
+            # usage error is (issue 28: three lines, pytest's usage and error, then the log's name),
+            # and the log goes: nothing was judged.
+            said = [ln.split(": error: ", 1)[-1].removeprefix("ERROR: ").strip()
+                    for ln in _read(self.log).splitlines() if ": error: " in ln or ln.startswith("ERROR:")]
+            said = [ln for ln in said if not ln.startswith("usage: ")] or said
+            self.stderr.write(f"{PROG}: -- PYTEST ARGS: pytest refused them: {said[-1] if said else '?'}\n")
+            if self.chosen:
+                self.log.unlink(missing_ok=True)
+            self.stderr.flush()
+            return
         passed = code in (None, EXIT_OK)
         if self.kept_nowhere and not passed:
             self.stderr.write(f"{PROG}: pytest's report was not kept (cannot write "
