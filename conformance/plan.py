@@ -609,8 +609,9 @@ def _index(doc: Mapping[str, Any], key: str, by: Callable[[Mapping[str, Any]], A
         if not isinstance(e, Mapping):
             continue
         with contextlib.suppress(TypeError):  # a value no key can be (a list: a forged document)
-            if not first or by(e) not in index:
-                index[by(e)] = e
+            k = by(e)
+            if not first or k not in index:
+                index[k] = e
     _INDEXES.insert(0, (doc, key, index))
     del _INDEXES[8:]
     return index
