@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import errno
 import gc
 import importlib
 import os
@@ -16,8 +17,9 @@ import threading
 from collections.abc import Sequence
 from typing import NoReturn
 
+import commands
 from probes import cancel
-from probes.exits import EXIT_UNAVAILABLE, EXIT_USAGE, Refusal, UsageError
+from probes.exits import EXIT_FAIL, EXIT_UNAVAILABLE, EXIT_USAGE, Refusal, UsageError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -80,7 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # included) were 10-15 ms of a witness run (bench/witness_bench.py). Not for a call from
         # another program (a test), whose process goes on.
         gc.disable()
-    code = _command(list(sys.argv[1:] if argv is None else argv))
+    try:
+        code = _command(list(sys.argv[1:] if argv is None else argv))
+    finally:
+        # A stop signal that came before the handlers (or after them: the command is over) ends the
+        # process now, by that signal (commands/__init__.py).
+        commands.release()
     if argv is None:
         _leave(code)
     return code
@@ -110,12 +117,17 @@ def _command(argv: list[str]) -> int:
     if empty is not None:
         print(f"sandbox-conformance {args.command}: {empty}", file=sys.stderr)
         return EXIT_USAGE
+    if args.command in STARTS_NOTHING:
+        commands.release()  # its trials die with it: a stop signal ends it as any process
     try:
         try:
             if args.command not in STARTS_NOTHING:
                 # docs/cancellation.md: a signal is an orderly stop from here on, and a SIGKILL
-                # leaves the guardian to stop what we started.
-                cancel.install(args.command)
+                # leaves the guardian to stop what we started. One that came before, held since the
+                # process started, is raised here (commands/__init__.py).
+                cancel.install(args.command, held=commands.take())
+                if not getattr(sys.modules[args._main.__module__], "BEGINS_ITSELF", False):
+                    cancel.begin()
             return int(args._main(args))
         except UsageError as e:
             print(f"sandbox-conformance {args.command}: {e}", file=sys.stderr)
@@ -125,6 +137,15 @@ def _command(argv: list[str]) -> int:
             for way in e.ways_on:
                 print(f"  way on: {way}", file=sys.stderr)
             return EXIT_UNAVAILABLE
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # The disk filled during the run (one full before it is exit 2, probes/outputs.py
+            # check_space): a fact about the host, said in one line, not a traceback (issue 28).
+            where = f": {e.filename}" if e.filename else ""
+            print(f"sandbox-conformance {args.command}: harness error: {e.strerror} "
+                  f"({errno.errorcode[e.errno]}){where}", file=sys.stderr)
+            return EXIT_FAIL
     except cancel.Cancelled as e:
         return cancel.finish(e)
     except KeyboardInterrupt:  # ^C before the handlers were installed

@@ -31,7 +31,7 @@ from conformance import render
 from conformance.controls import Control
 from conformance.controls_judge import ControlStatus, ControlVerdict, Result
 from conformance.render import PLAIN, Style
-from probes import owner
+from probes import cancel, outputs, owner
 from probes.cgroupfs import PROMISE_ENV
 from probes.exits import EXIT_FAIL, EXIT_OK, Refusal, UsageError, check_as_user, check_seconds
 from probes.run import Completed, Runner, minimal_env, run
@@ -304,13 +304,12 @@ def execute(
     jobs_list = [*todo, *([unsb] if unsb else [])]
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="sbxc-control")
     try:
-        runs = dict(
-            zip(
-                [p.control.name for p in jobs_list],
-                pool.map(lambda p: witness(p.extra), jobs_list),
-                strict=True,
-            )
-        )
+        # Every job submitted before a stop signal can unwind us (cancel.deferred): one raised inside
+        # submit, between a worker's start and its registration, left that worker unknown to
+        # concurrent.futures' exit handler, and the interpreter's exit joined it for ever (issue 28).
+        with cancel.deferred():
+            results = pool.map(lambda p: witness(p.extra), jobs_list)
+        runs = dict(zip([p.control.name for p in jobs_list], results, strict=True))
     finally:
         # Cancelled (probes/cancel.py): the witness runs under way are being stopped; the queued
         # ones must not start on the way out.
@@ -478,6 +477,9 @@ def to_json(report: ControlsReport, controls: Mapping[str, Control]) -> dict[str
 
 def main(args: argparse.Namespace) -> int:
     _validate(args)
+    # Its scratch and every witness run's layouts and reports are made there (a full disk was 75,
+    # "did not run", once the baseline could not write its report: issue 28).
+    outputs.check_temp_space()
     chosen, with_unsandboxed = _choose(args.only)
     from probes.host import Host
 

@@ -97,6 +97,9 @@ def _validate(args: argparse.Namespace, request: Request) -> None:
         if problem:
             raise UsageError(f"--as-user {args.as_user}: {problem}")
     check_seconds("--timeout", args.timeout)
+    if request.mode in (Mode.auto, Mode.native, Mode.container):
+        # Where a native witness run makes its layouts, container mode its inputs and reports.
+        outputs.check_temp_space()
     output.check_arguments(args)  # --format, -v, --log: the witness command's own rules
     witness_args.check(args)  # --only, --skip: known promise ids, none in both
     if args.verdict_json == "-":
@@ -227,6 +230,11 @@ def _writable(args: argparse.Namespace, value: str | None) -> str | None:
     return value
 
 
+# A stop signal from the process's start (commands/__init__.py) to here is raised in main, once the
+# verdict document can say how the run ended (commands/cli.py; probes/cancel.py begin).
+BEGINS_ITSELF = True
+
+
 def main(args: argparse.Namespace) -> int:
     requested = Mode(args.mode) if args.mode in [m.value for m in Mode] else Mode.auto
     if args.verdict_json is None:
@@ -235,6 +243,7 @@ def main(args: argparse.Namespace) -> int:
         args.verdict_json = os.environ.get(run_verdict.ENV) or None
     verdict = _Verdict(requested, _writable(args, args.verdict_json))
     try:
+        cancel.begin()  # a signal since the process started (BEGINS_ITSELF)
         return _main(args, verdict)
     except cancel.Cancelled as e:
         verdict.killed(e)  # the document first: commands/cli.py's cancel.finish prints the line

@@ -10,7 +10,6 @@ Used by the pytest plugin's fixtures and by anyone who wants live observations f
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import ctypes
 import errno
@@ -42,11 +41,11 @@ from conformance.launch import (
     launch,
 )
 from conformance.profile import Profile, expand
-from probes import netif, owner
+from probes import cancel, kills, netif, owner
 from probes.cgroupfs import own_cgroup
 from probes.finding import Finding, Verdict
 from probes.host import Host
-from probes.run import Completed, minimal_env, run
+from probes.run import Background, Completed, minimal_env, run
 
 # The neighbour leaf's limits when the profile sets none (a leaf with "max" everywhere would not show
 # a successful write of "max").
@@ -108,7 +107,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         self.layout_root = layout_root
         self._stack = contextlib.ExitStack()
         self._tasks: dict[str, plan.Task | HarnessError] = {}
-        self._started: dict[str, concurrent.futures.Future[plan.Task | HarnessError]] = {}
+        self._started: dict[str, Background[plan.Task | HarnessError]] = {}
         self.layout: layout.Layout | None = None
         self.host: plan.HostView | None = None
         self._daemon: socket.socket | None = None
@@ -341,9 +340,12 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             raise HarnessError("witness session used outside its `with` block")
         if key in self._tasks or key in self._started:
             return
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sbxc-launch-{key}")
-        self._started[key] = pool.submit(self._attempt_and_more if key == "main" else self._attempt)
-        pool.shutdown(wait=False)
+        # A thread of its own, known before a stop signal can unwind us (cancel.deferred): a signal
+        # inside an executor's submit left its worker idle and unknown to concurrent.futures' exit
+        # handler, and the interpreter's exit joined it for ever (issue 28).
+        with cancel.deferred():
+            self._started[key] = Background(self._attempt_and_more if key == "main" else self._attempt,
+                                            name=f"sbxc-launch-{key}")
 
     def _attempt_and_more(self) -> plan.Task | HarnessError:
         """The main launch, then the lifecycle and terminal launches its promises ask for: after it, never
@@ -368,8 +370,9 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         """Before the layout goes: a launch still under way uses it. Waited for, not read: what it
         raised was for task() to report, if anyone asked. A cancelled run's launch ends promptly: its
         child's group is stopped by probes/cancel.py, and a worker thread starts no new child after
-        the signal (probes/run.py)."""
-        concurrent.futures.wait(self._started.values())
+        the signal, nor keeps one it started as the signal came (probes/run.py)."""
+        for started in self._started.values():
+            started.join()
 
     def task(self, key: str = "main") -> plan.Task:
         """The live task's observations: launched once per key, cached (a failure is cached too,
@@ -863,6 +866,7 @@ class _TreeKill:
         try:
             before = [v for v in map(host_view, self.leaf.procs()) if v is not None]
             self._killing.set()
+            kills.record(0, signal.SIGKILL, f"the cgroup promise: cgroup.kill of the leaf {self.leaf.path}")
             method = self.leaf.kill(timeout=10)
             self.result = {"killed": True, "method": str(method), "marker": marker, "before": before}
             after = self.leaf.procs()

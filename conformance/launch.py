@@ -21,6 +21,7 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from probes import kills
 from probes.exits import EXIT_UNAVAILABLE
 from probes.run import Completed, Runner, run
 
@@ -171,7 +172,11 @@ def parse_document(name: str, done: Completed) -> dict[str, Any]:
             name, done.stderr_tail() or "(it said nothing on stderr) the sandbox cannot run here (exit 75)"
         )
     if done.returncode != 0:
-        raise HarnessError(f"{name}: exited {done.returncode}; stderr: {done.stderr_tail() or '(empty)'}")
+        # Which signal ended it, if one did, and whether we sent it (probes/kills.py, issue 28).
+        how = (kills.ended(done.returncode, done.pid, done.started, done.exited)
+               if done.started is not None and done.exited is not None and done.returncode is not None
+               else f"exited {done.returncode}")
+        raise HarnessError(f"{name}: {how}; stderr: {done.stderr_tail() or '(empty)'}")
     if doc is None:
         head = done.stdout.strip().replace("\n", " | ")[:160] or "(nothing)"
         raise HarnessError(

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-from probes import cancel, mountinfo
+from probes import cancel, kills, mountinfo
 from probes.cgroupfs import own_cgroup
 from probes.errnos import errname
 from probes.finding import EMPTY
@@ -680,12 +680,20 @@ def survivors(
     host_namespaces: Mapping[str, str],
     harness_sid: int,
     since: int | None = None,
+    until: int | None = None,
     proc: Path = Path("/proc"),
 ) -> list[dict[str, Any]]:
     """Processes still running that the launch started: in the task's pid namespace (when it is not
     the host's), in the task's session (when it is not the harness's), in the launcher's process
     group, or orphans reparented to us (see become_subreaper) that started at or after `since`.
-    Zombies are dead: they only wait to be reaped."""
+    Zombies are dead: they only wait to be reaped.
+
+    `until` (ticks, as starttime): when the launcher had exited. A process started later is not the
+    launch's by its namespace, session or group: a pid namespace's number is the lowest free one
+    (the kernel's inode ida), so the next sandbox made, by a concurrent run, gets the number of the
+    task's namespace the moment it is gone, and was SIGKILLed as a leftover of this launch (issue
+    28: its launcher, under load, `exited 137; stderr: (empty)`); sessions and groups are numbered by
+    pids, which come round again."""
     task_pidns = seen.namespaces.get("pid", "")
     task_sid = seen.proc_stat.get("sid") if not isinstance(seen.proc_stat, str) else None
     me = os.getpid()
@@ -712,19 +720,21 @@ def survivors(
                     os.waitpid(int(name), os.WNOHANG)  # an orphan of the launch that died: reap it
             continue
         why = []
+        later = until is not None and int(st["starttime"]) > until
         if (
             since is not None
             and st["ppid"] == me
             and int(st["starttime"]) >= since
+            and not later  # a child of ours started since (another thread's) is not the launch's
             and int(name) != launcher_pgid
         ):
             why.append("an orphan of the launch (reparented to the harness)")
         private = task_pidns != host_namespaces.get("pid") and not task_pidns.startswith("error")
-        if pidns == task_pidns and private:
+        if pidns == task_pidns and private and not later:
             why.append("in the task's pid namespace")
-        if task_sid is not None and st["sid"] == task_sid and task_sid != harness_sid:
+        if task_sid is not None and st["sid"] == task_sid and task_sid != harness_sid and not later:
             why.append("in the task's session")
-        if st["pgid"] == launcher_pgid:
+        if st["pgid"] == launcher_pgid and not later:
             why.append("in the launcher's process group")
         if why:
             out.append({"pid": int(name), "comm": comm, "starttime": st["starttime"], "why": why})
@@ -735,7 +745,7 @@ def kill(procs: Sequence[Mapping[str, Any]], proc: Path = Path("/proc")) -> None
     for p in procs:
         with contextlib.suppress(OSError, ValueError):
             if stat_fields(_read(proc / str(p["pid"]) / "stat"))["starttime"] == p["starttime"]:
-                os.kill(p["pid"], signal.SIGKILL)
+                kills.kill(p["pid"], signal.SIGKILL, "the observer: a leftover of the launch")
     for p in procs:
         if any("orphan" in w for w in p["why"]):
             with contextlib.suppress(ChildProcessError):
@@ -931,7 +941,7 @@ class Watch:
             self.lifecycle_result = {"killed": False, "why": "the launcher's pid was never known"}
             return
         first = host_task(task)
-        os.kill(self.launcher_pid, signal.SIGKILL)
+        kills.kill(self.launcher_pid, signal.SIGKILL, "the lifecycle promise: its launcher, at the handshake")
         start = time.monotonic()
         while time.monotonic() - start < LIFECYCLE_SECONDS:
             now = host_task(task)
@@ -959,6 +969,7 @@ class Watch:
         else:
             seen = self.seen
         harness_sid = os.getsid(0)
+        until = boot_ticks()  # the launcher has exited (survivors: what starts later is not ours)
 
         def left_now() -> list[dict[str, Any]]:
             return survivors(
@@ -967,6 +978,7 @@ class Watch:
                 host_namespaces=self.host_namespaces,
                 harness_sid=harness_sid,
                 since=self.since,
+                until=until,
             )
 
         left = left_now()

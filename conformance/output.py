@@ -66,21 +66,42 @@ def check_arguments(args: Any) -> None:
 # ---- the log directory ------------------------------------------------------------------------------
 
 
+def _home(environ: Mapping[str, str]) -> Path | None:
+    """HOME as `environ` has it, else the passwd entry's (os.path.expanduser's order)."""
+    if environ.get("HOME"):
+        return Path(environ["HOME"])
+    import pwd
+
+    try:
+        return Path(pwd.getpwuid(os.getuid()).pw_dir)
+    except KeyError:  # no passwd entry
+        return None
+
+
 def log_dir(environ: Mapping[str, str] = os.environ) -> Path | None:
     state = environ.get("XDG_STATE_HOME", "")
-    try:
-        # The spec: a relative path in an XDG_* variable is invalid and is to be ignored.
-        base = Path(state) if os.path.isabs(state) else Path.home() / ".local" / "state"
-    except RuntimeError:  # no HOME and no passwd entry (Path.home())
-        return None
-    return base / "sandbox-conformance" / "logs"
+    # The spec: a relative path in an XDG_* variable is invalid and is to be ignored.
+    if os.path.isabs(state):
+        return Path(state) / "sandbox-conformance" / "logs"
+    home = _home(environ)
+    return home / ".local" / "state" / "sandbox-conformance" / "logs" if home is not None else None
+
+
+def _anchor(environ: Mapping[str, str]) -> Path | None:
+    """What must already exist for the logs directory to be made below it: HOME itself for the default
+    (issue 28: `HOME=/nowhere/x`, and root made /nowhere/x/.local/state/... for a log), or the
+    directory that holds an XDG_STATE_HOME named explicitly (the base-directory spec says to make
+    that one if missing; not its parents)."""
+    state = environ.get("XDG_STATE_HOME", "")
+    return Path(state).parent if os.path.isabs(state) else _home(environ)
 
 
 def new_log(kind: str, environ: Mapping[str, str] = os.environ) -> Path | None:
     """A fresh, empty `KIND-YYYYmmdd-HHMMSS-PID.log` in the logs directory, or None where none can be
-    made."""
+    made (the run then says where its report went: nowhere; re-run with -v or --log)."""
     d = log_dir(environ)
-    if d is None:
+    anchor = _anchor(environ)
+    if d is None or anchor is None or not anchor.is_dir():
         return None
     path = d / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     try:
@@ -195,10 +216,17 @@ class WitnessOutput:
         if self.verbose:
             return
         if self.log is not None and code == EXIT_USAGE:
-            # pytest's own usage error (`-- --bogus`) went to the log: say it here too.
-            for line in _read(self.log).splitlines():
-                if line.startswith("ERROR:") or ": error: " in line:
-                    self.stderr.write(f"{line}\n")
+            # pytest's own usage error (`-- --bogus`) went to the log: said here in one line, as every
+            # usage error is (issue 28: three lines, pytest's usage and error, then the log's name),
+            # and the log goes: nothing was judged.
+            said = [ln.split(": error: ", 1)[-1].removeprefix("ERROR: ").strip()
+                    for ln in _read(self.log).splitlines() if ": error: " in ln or ln.startswith("ERROR:")]
+            said = [ln for ln in said if not ln.startswith("usage: ")] or said
+            self.stderr.write(f"{PROG}: -- PYTEST ARGS: pytest refused them: {said[-1] if said else '?'}\n")
+            if self.chosen:
+                self.log.unlink(missing_ok=True)
+            self.stderr.flush()
+            return
         passed = code in (None, EXIT_OK)
         if self.kept_nowhere and not passed:
             self.stderr.write(f"{PROG}: pytest's report was not kept (cannot write "

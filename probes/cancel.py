@@ -20,10 +20,19 @@ SIGKILL runs no handler, so two things act without us:
 - the guardian (probes/guardian.py), a process of its own started by install(), holds the read end
   of a pipe only we write. It learns each child group, cgroup leaf and undo command (`docker rm`) as
   we make them, and when the pipe reaches EOF with any still registered, we are dead: it stops them.
-Directories are left to the next run's sweep, which says on stderr what it removed."""
+Directories are left to the next run's sweep, which says on stderr what it removed.
+
+Where the first signal raises matters (issue 28, each seen hanging a witness run): a Cancelled raised
+inside importlib (a weakref callback of `_get_module_lock` swallows it, and one raised between that
+callback's `_imp.acquire_lock()` and its `try` leaves the import lock held, so the next fork with a
+preexec_fn in any thread waits for ever) or anywhere Python swallows what is raised (`Exception
+ignored in ...`) is owed again, redelivered to the main thread until it lands in code that can
+unwind; a step that must not be cut in two (a child started and not yet tracked, a thread started
+and not yet recorded) runs under `deferred()`, which raises it once the step is whole."""
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import itertools
 import json
@@ -35,6 +44,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import FrameType, TracebackType
 from typing import IO, Any
 
 from probes import child_exit, owner
@@ -76,22 +86,56 @@ class _State:
         # A child writing to our stderr was stopped mid-line (pytest's progress dots in a container):
         # the verdict line must start a line of its own.
         self.mid_line = False
+        # The main thread is in a deferred() step this deep, and the Cancelled it is owed (the signal
+        # came where it could not be raised, or was swallowed there) is still to be raised.
+        self.deferring = 0
+        self.opening = False  # install() made one of them, until begin()
+        self.owed = False
+        self.redelivering = False
+        self.unraisable: Any = None  # the sys.unraisablehook install() wrapped
 
 
 _state = _State()
 
 
-def install(label: str) -> None:
+def install(label: str, *, held: int | None = None) -> None:
     """Turn the three stop signals into Cancelled, and start the guardian. Handlers can only be set
     from the main thread (Python runs them there); elsewhere (a test calling a command in a thread)
-    only the guardian is started."""
+    only the guardian is started. held: a stop signal that came while the process started, before
+    any handler of ours (commands/__init__.py holds it).
+
+    A signal from here on is kept (as in deferred()) until begin(): commands/cli.py calls it at once,
+    `run` once its verdict document can say how the run ended. A held one is raised there too."""
     _state.label = label
     _state.started = time.monotonic()
     _state.received = None
+    _state.owed = False
     if threading.current_thread() is threading.main_thread():
+        if not _state.opening:
+            _state.opening = True
+            _state.deferring += 1
         for sig in SIGNALS:
             _state.previous[sig] = signal.signal(sig, _handler)
-    _start_guardian()
+        if _state.unraisable is None:
+            _state.unraisable = sys.unraisablehook
+            sys.unraisablehook = _unraisable
+    if held is not None:
+        _state.received = Cancelled(held)
+        _state.owed = True
+    else:
+        _start_guardian()
+
+
+def begin() -> None:
+    """The command's own first step: a stop signal kept since install() (or held before it) is
+    raised here."""
+    if not _state.opening:
+        return
+    _state.opening = False
+    _state.deferring -= 1
+    if not _state.deferring and _state.owed and _state.received is not None:
+        _state.owed = False
+        raise Cancelled(_state.received.signum)
 
 
 def guardian_pid() -> int | None:
@@ -114,15 +158,107 @@ def check() -> None:
     """Raise the Cancelled already received (a fresh one: several threads may raise it): for code that
     swallowed it (pytest turns it into an interrupted session and returns)."""
     if _state.received is not None:
+        if threading.current_thread() is threading.main_thread():
+            _state.owed = False
         raise Cancelled(_state.received.signum)
 
 
-def _handler(signum: int, _frame: object) -> None:
-    if _state.received is not None:
+def _handler(signum: int, frame: FrameType | None) -> None:
+    if _state.received is None:
+        _state.received = Cancelled(signum)
+        threading.Thread(target=_stop_all, name="sbxc-stop", daemon=True).start()
+        _state.owed = True
+    if not _state.owed:
         return  # already stopping: a second signal would only abort the clean-up under way
-    _state.received = Cancelled(signum)
-    threading.Thread(target=_stop_all, name="sbxc-stop", daemon=True).start()
-    raise _state.received
+    if _state.deferring:
+        return  # raised when the step is whole (deferred)
+    if not _can_unwind(frame):
+        _redeliver()
+        return
+    _state.owed = False
+    raise Cancelled(_state.received.signum)
+
+
+# Where a raise would be swallowed or cut a lock's acquire from its release: the import machinery
+# (`_get_module_lock`'s weakref callback takes `_imp.acquire_lock()` one bytecode before its `try`).
+_NO_UNWIND = "<frozen importlib._bootstrap"
+
+
+def _can_unwind(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_NO_UNWIND):
+            return False
+        frame = frame.f_back
+    return True
+
+
+def _redeliver() -> None:
+    """The Cancelled is owed: ask again, every few ms, until it is raised (the main thread runs the
+    handler at its next check, _thread.interrupt_main(2)), out of the import or callback that could
+    not take it."""
+    if _state.redelivering or _state.received is None:
+        return
+    _state.redelivering = True
+    signum = signal.Signals(_state.received.signum)
+
+    def again() -> None:
+        try:
+            while _state.owed:
+                time.sleep(0.005)
+                if not _state.deferring:
+                    _thread.interrupt_main(signum)
+        finally:
+            _state.redelivering = False
+
+    threading.Thread(target=again, name="sbxc-redeliver", daemon=True).start()
+
+
+def _unraisable(unraisable: Any) -> None:
+    """sys.unraisablehook: a Cancelled raised where Python swallows what is raised (a weakref
+    callback, a __del__) is owed again, not lost (it was, as `Exception ignored in ...`, and the run
+    went on past 100 s)."""
+    if isinstance(unraisable.exc_value, Cancelled) and _state.received is not None:
+        _state.owed = True
+        _redeliver()
+        return
+    (_state.unraisable or sys.__unraisablehook__)(unraisable)
+
+
+class deferred(contextlib.AbstractContextManager["deferred"]):  # lower case: `with cancel.deferred():`
+    """A step a stop signal must not cut in two: in the main thread, a signal that comes inside it
+    is raised as it ends (elsewhere it changes nothing: handlers run in the main thread only). With
+    `release()`, the caller picks where: inside its own try, once what it started is known."""
+
+    def __init__(self) -> None:
+        self._main = threading.current_thread() is threading.main_thread()
+        self._held = False
+
+    def __enter__(self) -> deferred:
+        if self._main and not self._held:
+            self._held = True
+            _state.deferring += 1
+        return self
+
+    def release(self) -> None:
+        if not self._held:
+            return
+        self._held = False
+        _state.deferring -= 1
+        if not _state.deferring and _state.owed and _state.received is not None:
+            _state.owed = False
+            raise Cancelled(_state.received.signum)
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if kind is None:
+            self.release()
+        elif self._held:  # already unwinding: a Cancelled is what was owed; another error takes it along
+            self._held = False
+            _state.deferring -= 1
+            if isinstance(value, Cancelled):
+                _state.owed = False
+            elif _state.owed and not _state.deferring:
+                _redeliver()
 
 
 def _stop_all() -> None:
@@ -134,9 +270,10 @@ def _stop_all() -> None:
 def stop_groups(groups: Mapping[int, int], *, grace: float, tracked: bool = False) -> None:
     """Each group's stop signal, then SIGKILL for what is still there after `grace`. tracked: wait
     for run() to forget them (it has reaped the leader) rather than for the group to be empty."""
+    from probes import kills
+
     for pgid, sig in groups.items():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
+        kills.killpg(pgid, sig, "the run was cancelled")
     deadline = time.monotonic() + grace
 
     def left() -> list[int]:
@@ -147,8 +284,7 @@ def stop_groups(groups: Mapping[int, int], *, grace: float, tracked: bool = Fals
     while left() and time.monotonic() < deadline:
         time.sleep(0.05)
     for pgid in left():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
+        kills.killpg(pgid, signal.SIGKILL, "the run was cancelled: still there after the grace")
 
 
 def _group_alive(pgid: int) -> bool:
@@ -172,9 +308,13 @@ def track(pgid: int, stop_signal: int = signal.SIGTERM) -> None:
 
 
 def untrack(pgid: int) -> None:
+    # The guardian is told first: finish() goes on to close its pipe once a group is forgotten here,
+    # and a "done" sent after that was lost. The guardian then stopped a group run() had reaped, whose
+    # last members, reparented to us as their subreaper, were zombies only our exit could reap: every
+    # stop of a run with a probe's trial under way took the guardian's whole 5 s (bench/signal_bench.py).
+    _tell({"done": -pgid})
     with _state.lock:
         _state.groups.pop(pgid, None)
-    _tell({"done": -pgid})
 
 
 def guard_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
@@ -244,6 +384,7 @@ def forked() -> None:
     _state.previous.clear()
     _state.received = None
     _state.mid_line = False
+    _state.deferring, _state.owed, _state.redelivering, _state.opening = 0, False, False, False
     # The parent's handlers would raise Cancelled into code that has nothing to stop yet: until the
     # copy's own install(), a stop signal ends it as it would any process that made nothing.
     for sig in SIGNALS:
@@ -268,6 +409,13 @@ def uninstall() -> None:
     for sig, previous in list(_state.previous.items()):
         signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         del _state.previous[sig]
+    if threading.current_thread() is threading.main_thread():
+        if _state.unraisable is not None:
+            sys.unraisablehook, _state.unraisable = _state.unraisable, None
+        if _state.opening:
+            _state.opening = False
+            _state.deferring -= 1
+    _state.owed = False
 
 
 def finish(exc: Cancelled) -> int:
@@ -276,6 +424,7 @@ def finish(exc: Cancelled) -> int:
     from probes.run import STOP_GRACE
 
     _state.received = _state.received or exc  # handlers now ignore further signals
+    _state.owed = False  # it is being handled here
     stop_groups(dict(_state.groups), grace=STOP_GRACE, tracked=True)
     owner.say(owner.sweep(include_self=True))
     close()

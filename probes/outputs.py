@@ -143,3 +143,38 @@ def launcher_file(prefix: str | None) -> str | None:
         return None
     first = words[0] if words else ""
     return first if "/" in first and os.path.exists(first) else None
+
+
+# What a run needs free where it makes its layouts and scratch files (a layout, a task spec, the JUnit
+# and JSON reports of each witness run: tens of KiB; a margin for a profile with thousands of paths).
+MIN_FREE_BYTES = 1 << 20
+MIN_FREE_INODES = 256
+
+
+def check_space(what: str, directory: str) -> None:
+    """UsageError (exit 2, one line) when `directory`'s filesystem has no room for a run: a full disk
+    under --layout-root or TMPDIR was a traceback from the first file written (issue 28), and a
+    `controls` baseline that could not write its report said 75, "did not run". Checked before any
+    work; a disk that fills during the run is commands/cli.py's harness error naming ENOSPC."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return  # what does not exist is for the caller's own checks to say
+    free = st.f_bavail * st.f_frsize
+    inodes = st.f_favail if st.f_files else MIN_FREE_INODES  # 0 files in all: no inode limit (btrfs)
+    if free < MIN_FREE_BYTES or inodes < MIN_FREE_INODES:
+        raise UsageError(
+            f"{what} {directory}: no space left on its filesystem ({free // 1024} KiB and {inodes} inodes "
+            f"free; a run needs {MIN_FREE_BYTES >> 20} MiB and {MIN_FREE_INODES}): free some, or point "
+            "TMPDIR (or --layout-root) at another filesystem")
+
+
+def check_temp_space() -> None:
+    """check_space for where the temporary files go: $TMPDIR (or TEMP, TMP), else /tmp, as named; not
+    tempfile.gettempdir(), which raises where none is writable (a read-only sandbox), and that is for
+    the refusal a run then makes to say."""
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        if os.environ.get(name):
+            check_space(name, os.environ[name])
+            return
+    check_space("the temporary directory", "/tmp")

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
-from probes import cancel, child_exit
+from probes import cancel, child_exit, kills
 
 T = TypeVar("T")
 
@@ -55,6 +55,10 @@ class Completed(NamedTuple):
     seconds: float
     timed_out: bool = False
     not_found: bool = False  # argv[0] could not be executed at all
+    pid: int | None = None  # the child's pid (its process group's too)
+    # time.monotonic() at its start and when its leader was seen gone: what ran meanwhile (kills.ended)
+    started: float | None = None
+    exited: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -137,9 +141,8 @@ def minimal_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 STOP_GRACE = 10.0
 
 
-def kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+def kill_group(pgid: int, reason: str = "its leader had exited: what it left in its group") -> None:
+    kills.killpg(pgid, signal.SIGKILL, reason)
 
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -186,11 +189,10 @@ def die_with_parent(sig: int = signal.SIGKILL, *, stderr_is_tty: bool = False) -
 
 def stop(proc: subprocess.Popen[str], grace: float = STOP_GRACE) -> None:
     """The orderly stop of a child's group: SIGTERM, up to `grace` for the leader to exit, SIGKILL."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGTERM)
+    kills.killpg(proc.pid, signal.SIGTERM, "stopped: its caller was interrupted or the run cancelled")
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)
-    kill_group(proc.pid)
+    kill_group(proc.pid, "stopped: the rest of its group after the grace")
     proc.wait()
 
 
@@ -224,12 +226,17 @@ def run(
     other one above stderr is closed in it, as Popen does by default). Interrupted (a Cancelled, any
     exception), run() stops the child's group (SIGTERM, STOP_GRACE, SIGKILL) before it re-raises."""
     argv = tuple(str(a) for a in argv)
-    if cancel.received() is not None and threading.current_thread() is not threading.main_thread():
+    worker = threading.current_thread() is not threading.main_thread()
+    if cancel.received() is not None and worker:
         # Cancelled: a worker thread starts nothing new. The main thread may, on its way out: its
         # clean-up (`docker rm --force`) runs through here.
         cancel.check()
     started = time.monotonic()
     pipe = subprocess.PIPE if capture else None
+    # From the fork to the child's group tracked, a stop signal waits (in the main thread; the
+    # handler runs nowhere else): raised inside Popen it left a child running that nothing knew of.
+    # It is raised below, inside the try that stops the child.
+    hold = cancel.deferred().__enter__()
     try:
         proc = subprocess.Popen(
             argv,
@@ -245,26 +252,45 @@ def run(
             pass_fds=tuple(pass_fds),
         )
     except (FileNotFoundError, PermissionError, NotADirectoryError) as e:
+        hold.release()
         return Completed(argv, 127, "", f"{argv[0]}: {e.strerror}", 0.0, not_found=True)
     except BlockingIOError as e:
+        hold.release()
         # fork(2) refused with EAGAIN: RLIMIT_NPROC or pids.max exhausted. A fact about the host,
         # reported as a failed start, not a crash of whoever asked.
         return Completed(argv, None, "", f"{argv[0]}: fork: {errno.errorcode[e.errno or errno.EAGAIN]}", 0.0)
+    except BaseException:
+        hold.__exit__(*sys.exc_info())
+        raise
     cancel.track(proc.pid, signal.SIGTERM)
     try:
-        if on_start is not None:
-            on_start(proc.pid)
+        try:
+            hold.release()
+            if worker and cancel.received() is not None:
+                # The stop came while this thread started its child, after the stopper had signalled
+                # the groups it knew (issue 28: that launcher ran on to its whole timeout).
+                cancel.check()
+            if on_start is not None:
+                on_start(proc.pid)
+        except BaseException:
+            stop(proc)
+            if not capture:
+                cancel.stopped_sharing_output()
+            raise
         if on_line is not None or after_exit is not None:
             return _streamed(proc, argv, input, timeout, started, on_line, after_exit)
         try:
             out, err = proc.communicate(input, timeout=timeout)
+            exited = time.monotonic()
             # The leader exited; anything it left in its group (a daemonised grandchild) goes too.
             kill_group(proc.pid)
-            return Completed(argv, proc.returncode, out or "", err or "", time.monotonic() - started)
+            return Completed(argv, proc.returncode, out or "", err or "", time.monotonic() - started,
+                             pid=proc.pid, started=started, exited=exited)
         except subprocess.TimeoutExpired:
-            kill_group(proc.pid)
+            kill_group(proc.pid, f"our timeout ({timeout:g} s)")
             out, err = proc.communicate()
-            return Completed(argv, None, out or "", err or "", time.monotonic() - started, timed_out=True)
+            return Completed(argv, None, out or "", err or "", time.monotonic() - started, timed_out=True,
+                             pid=proc.pid, started=started)
         except BaseException:
             stop(proc)
             if not capture:
@@ -292,6 +318,10 @@ class Background(Generic[T]):
         except BaseException as e:  # handed to whoever asks for the result, in their thread
             self._error = e
 
+    def join(self) -> None:
+        """Wait for it to end, whatever it ended with."""
+        self._thread.join()
+
     def result(self) -> T:
         self._thread.join()
         if self._error is not None:
@@ -318,6 +348,7 @@ class Forked:
         for stream in (sys.stdout, sys.stderr):  # or what is buffered would be written twice
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
+        hold = cancel.deferred().__enter__()  # a stop signal waits until the child is known, as in run()
         pid = os.fork()
         if pid == 0:  # pragma: no cover (the child; its effects are what the tests see)
             _child(body, parent, set_pdeathsig, die_with)
@@ -326,6 +357,16 @@ class Forked:
         self.returncode: int | None = None
         self.reaped = False
         cancel.track(pid, signal.SIGTERM)
+        try:
+            hold.release()
+        except BaseException:  # stopped as wait() stops it: nobody else will wait for it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
+            if not self._reap(STOP_GRACE):
+                kill_group(pid)
+                self._reap(None)
+            cancel.untrack(pid)
+            raise
 
     def wait(self, timeout: float) -> int | None:
         """Its exit code (-N for a signal, as Popen says it), or None: it ran past `timeout` from its
@@ -465,11 +506,12 @@ def _streamed(
         t.start()
     try:
         timed_out = not child_exit.wait_exit(proc, timeout)
+        exited = time.monotonic()
         if timed_out:
             # Our timeout: the launcher's group goes now. What it started outside its group (a setsid
             # daemon, now ours as the subreaper's) is judged and killed by after_exit below, as after
             # a launcher that exited by itself (issue 28: it was left running with ppid 1).
-            kill_group(proc.pid)
+            kill_group(proc.pid, f"our timeout ({timeout:g} s)")
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
         # The leader is gone; its output may still be in the pipes. A survivor that holds them keeps
@@ -496,4 +538,7 @@ def _streamed(
         err.text(),
         time.monotonic() - started,
         timed_out=timed_out,
+        pid=proc.pid,
+        started=started,
+        exited=exited,
     )

@@ -6,7 +6,7 @@ Prints `{"top": PID}` once the command has started; the test signals that pid. O
 exited, waits until every process it left has gone (at most --linger seconds), then prints
 `{"status": RETURNCODE, "left": [[pid, cmdline], ...], "seconds": S, "reaped": [[pid, RETURNCODE], ...]}`
 (`reaped`: each orphan this reaper collected, with how it ended: a negative code is the signal that
-killed it) and kills whatever was left, so
+killed it; `ended`: time.monotonic() when the command exited) and kills whatever was left, so
 a red test leaks nothing. As a child subreaper (PR_SET_CHILD_SUBREAPER, prctl(2)) it inherits every
 orphan of the command, a double-forked daemon or a SIGKILLed harness's children alike: `left` is
 everything of the run still alive, observed from outside the run (an oracle independent of the
@@ -75,7 +75,7 @@ def main() -> int:
         top = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
     print(json.dumps({"top": top.pid}), flush=True)
     status = top.wait()
-    ended = time.monotonic()
+    ended = time.monotonic()  # CLOCK_MONOTONIC is the machine's: a caller compares it with its own
     reaped: list[list[int]] = []
     reap(reaped)
     left = descendants(os.getpid())
@@ -85,7 +85,7 @@ def main() -> int:
         left = descendants(os.getpid())
     reap(reaped)
     print(json.dumps({"status": status, "left": left, "seconds": round(time.monotonic() - ended, 2),
-                      "reaped": reaped}), flush=True)
+                      "reaped": reaped, "ended": ended}), flush=True)
     for pid, _ in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

@@ -25,7 +25,7 @@ REFERENCE = Path(cli.__file__).resolve().parent.parent / "conformance" / "profil
 
 @contextlib.contextmanager
 def _quiet_cancel(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(cancel, "install", lambda label: None)
+    monkeypatch.setattr(cancel, "install", lambda label, **_kw: None)
     yield
 
 
@@ -256,3 +256,14 @@ def test_a_special_file_as_an_input_is_one_line_never_a_hang(
 ) -> None:
     code, _, err = run_cli(monkeypatch, command, flag, path.format(d=inputs))
     one_usage_line(code, err)
+
+
+@pytest.mark.parametrize("extra", [["--bogus-pytest-opt"], ["no_such_test_file.py"]])
+def test_pytest_arguments_pytest_refuses_are_one_usage_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                           extra: list[str]) -> None:
+    # Issue 28: three lines (pytest's usage, its error, the log's name) and a table of nothing.
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    code, out, err = run_cli(monkeypatch, "witness", "--launcher", "true", "--", *extra)
+    one_usage_line(code, err, "-- PYTEST ARGS: pytest refused them: ", extra[0])
+    assert out == ""
+    assert not list((tmp_path / "state").rglob("*.log"))  # nothing was judged: no report kept

@@ -419,6 +419,21 @@ def test_run_log_is_removed_when_the_run_passed_and_kept_when_not(tmp_path: Path
     assert output.RunLog.choose(verbose=False, log="x.log", environ=environ).path is None
 
 
+def test_a_home_that_does_not_exist_gets_no_log_and_nothing_made_for_one(tmp_path: Path) -> None:
+    # Issue 28: root made HOME's whole tree (/nowhere/x/.local/state/sandbox-conformance/logs).
+    nowhere = tmp_path / "nowhere" / "x"
+    assert output.new_log("witness", {"HOME": str(nowhere)}) is None
+    named = {"XDG_STATE_HOME": str(nowhere / "state"), "HOME": str(tmp_path)}
+    assert output.new_log("witness", named) is None
+    assert output.RunLog.choose(verbose=False, log=None, environ={"HOME": str(nowhere)}).path is None
+    assert sorted(tmp_path.iterdir()) == []
+    # A HOME that exists gets its ~/.local/state made as ever; a named XDG_STATE_HOME is made too.
+    made = output.new_log("witness", {"HOME": str(tmp_path)})
+    assert made is not None and made.is_relative_to(tmp_path / ".local" / "state")
+    made = output.new_log("witness", {"XDG_STATE_HOME": str(tmp_path / "state"), "HOME": str(nowhere)})
+    assert made is not None and made.is_relative_to(tmp_path / "state")
+
+
 def test_old_logs_are_pruned_to_the_newest(tmp_path: Path) -> None:
     for i in range(output.KEEP + 5):
         p = tmp_path / f"witness-{i:03}.log"

@@ -31,6 +31,7 @@ SCENARIO = textwrap.dedent("""
 
     mode, out = sys.argv[1], sys.argv[2]
     cancel.install("scenario")
+    cancel.begin()
     parent_pipe = cancel._state.pipe.fileno()
 
     def witness_main(argv):
