@@ -93,7 +93,7 @@ def test_every_control_reddens_exactly_its_witnesses_and_every_witness_is_covere
             cgroup = (controls.Needs.cgroup_root, controls.Needs.cgroup_root_as_root)
             elsewhere = (controls.Needs.disable_userns, controls.Needs.x86_64, controls.Needs.legacy_tiocsti)
             unprivileged = c["reason"].startswith("tasks run as an unprivileged")
-            as_user = needs is controls.Needs.as_root and unprivileged
+            as_user = needs in (controls.Needs.as_root, controls.Needs.one_userns) and unprivileged
             assert (needs in elsewhere or needs in cgroup or as_user) and c["reason"], c
             if needs in cgroup:
                 assert not doc["cgroup_root"]["usable"] and doc["cgroup_root"]["reason"] in c["reason"], c

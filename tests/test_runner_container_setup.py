@@ -377,7 +377,14 @@ def script_env(tmp_path: Path) -> tuple[dict[str, str], Path, Path]:
     today = time.strftime("%Y%m%d", time.gmtime())
     (cache / f"bookworm-minbase-{today}-{arch}.tar").write_bytes(b"not really a tarball\n")
     log = tmp_path / "engine.log"
-    env = {"PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "FAKE_LOG": str(log)}
+    # The system's commands but the engines: podman (installed for its adapter) would be a real one.
+    system = tmp_path / "system"
+    system.mkdir()
+    for d in ("/usr/sbin", "/usr/bin", "/sbin", "/bin"):
+        for name in sorted(os.listdir(d)) if os.path.isdir(d) else ():
+            if name not in ("podman", "docker") and not (system / name).exists():
+                (system / name).symlink_to(os.path.join(d, name))
+    env = {"PATH": f"{bin_dir}:{system}", "LANG": "C.UTF-8", "FAKE_LOG": str(log)}
     return env, cache, log
 
 

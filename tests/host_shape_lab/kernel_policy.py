@@ -146,6 +146,7 @@ def main() -> int:
     parser.add_argument("--lanes", type=int, default=2, help="shapes without global state run this many "
                         "at a time (the guest has 2 vCPUs)")
     args = parser.parse_args()
+    guest.hide_engines()
     os.chdir(args.repo)
     only = set(filter(None, args.only.split(",")))
     every = commands(args.cli, args.user)
