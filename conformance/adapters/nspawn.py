@@ -26,7 +26,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -35,11 +34,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from conformance.adapters import oci
+from conformance.adapters import _guarded, oci
 from conformance.profile import expand
 
 HOSTNAME = "sbxc-task"
-RUN_TIMEOUT = 25.0
+RUN_TIMEOUT = _guarded.RUN_TIMEOUT
 NEED_ROOT = "systemd-nspawn needs root (it refuses otherwise: \"Need to be root\"): run without --as-user"
 
 FLAGS = (
@@ -139,37 +138,9 @@ def guard(name: str) -> int:
 def launch(args: Sequence[str], spec: Mapping[str, Any]) -> int:
     values = oci.values_from_spec(spec)
     name = f"sbxc-nspawn-{os.getpid()}-{secrets.token_hex(3)}"
-    r, w = os.pipe()
-    try:
-        guardian = subprocess.Popen(
-            [sys.executable, "-m", "conformance.adapters.nspawn", "--guard", name],
-            stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-    finally:
-        os.close(r)
-    proc: subprocess.Popen[bytes] | None = None
+    guardian, w = _guarded.start_guardian("conformance.adapters.nspawn", name)
 
-    def stop(signum: int, _frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    try:
-        exe = shutil.which("systemd-nspawn") or "systemd-nspawn"
-        nspawn = [exe, *(expand(f, values) for f in FLAGS), *args]
-        # nspawn hands its own environment to the stub init, PID 1 of the task's /proc (measured: the
-        # launcher's secret was in /proc/1/environ): it gets a fixed one.
-        proc = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", SCRIPT, "sh", name, *nspawn],
-            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
-        )
-        return proc.wait(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        print(f"systemd-nspawn: the container did not finish within {RUN_TIMEOUT:.0f}s", file=sys.stderr)
-        return 124
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    def cleanup() -> None:
         # The hierarchy dies a moment after its last mount (an RCU grace period): wait for it, then
         # sweep it by name if it is still there (the script was killed before its own clean-up).
         deadline = time.monotonic() + 2
@@ -177,10 +148,16 @@ def launch(args: Sequence[str], spec: Mapping[str, Any]) -> int:
             time.sleep(0.05)
         if known(name):
             sweep_hierarchy(name)
-        os.close(w)
-        guardian.wait(timeout=30)
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+
+    exe = shutil.which("systemd-nspawn") or "systemd-nspawn"
+    nspawn = [exe, *(expand(f, values) for f in FLAGS), *args]
+    # nspawn hands its own environment to the stub init, PID 1 of the task's /proc (measured: the
+    # launcher's secret was in /proc/1/environ): it gets a fixed one.
+    return _guarded.run_guarded(
+        ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", SCRIPT, "sh", name, *nspawn],
+        what="systemd-nspawn", guardian=guardian, pipe=w, cleanup=cleanup,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -33,13 +33,13 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from conformance.adapters import _guarded
 from conformance.profile import PLACEHOLDERS, expand
 from probes import owner
 
@@ -55,7 +55,7 @@ CAP_SETS = ("bounding", "effective", "inheritable", "permitted", "ambient")
 HIDDEN_CANDIDATES = ("{neighbour_control}", "{other_user}")
 
 WORKSPACE_PREFIX = "sbxc-oci-"  # the temp dir holding the bundle and the runtime's --root
-RUN_TIMEOUT = 25.0  # the witness's own launch timeout is 30 s by default: clean up before it kills us
+RUN_TIMEOUT = _guarded.RUN_TIMEOUT
 
 
 class BundleError(Exception):
@@ -477,8 +477,6 @@ def guard(runtime: str) -> int:
 
 def launch(runtime: str, args: Sequence[str], spec: Mapping[str, Any], config: Mapping[str, Any]) -> int:
     """Build the bundle, run the container in the foreground with our stdio, always delete it."""
-    import subprocess
-
     values = values_from_spec(spec)
     rendered = render(config, values, args)
     st = os.stat(values["workdir"])
@@ -487,20 +485,7 @@ def launch(runtime: str, args: Sequence[str], spec: Mapping[str, Any], config: M
     elif st.st_uid != 0:
         rendered["process"]["user"] = {"uid": st.st_uid, "gid": st.st_gid}
     cid = f"sbxc-{values['task_id']}-{secrets.token_hex(3)}"
-    # The guardian lives in a session of its own (the harness's group kill must not reach it) and
-    # holds the read end of a pipe whose write end only we hold (os.pipe fds are not inherited,
-    # PEP 446): the runtime and the container never see it.
-    r, w = os.pipe()
-    try:
-        guardian = subprocess.Popen(
-            [sys.executable, "-m", "conformance.adapters.oci", "--guard", runtime],
-            stdin=r,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    finally:
-        os.close(r)
+    guardian, w = _guarded.start_guardian("conformance.adapters.oci", runtime)
     # The guardian's stamp in the name: if this launcher and its guardian both die, the next run's
     # sweep deletes the container and the workspace (probes/owner.py); while the guardian lives, no
     # sweep touches it.
@@ -508,32 +493,19 @@ def launch(runtime: str, args: Sequence[str], spec: Mapping[str, Any], config: M
     stamp = owner.Stamp(guardian.pid, start, owner.host_key()) if start is not None else owner.mine()
     workspace = Path(tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{stamp}-{values['task_id']}-"))
     os.write(w, f"{workspace} {cid}\n".encode())
-    proc: subprocess.Popen[bytes] | None = None
+    state, bundle = workspace / "state", workspace / "bundle"
 
-    def stop(signum: int, _frame: Any) -> None:
-        raise SystemExit(128 + signum)  # unwinds through the finally below
-
-    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    try:
-        state, bundle = workspace / "state", workspace / "bundle"
+    def prepare() -> None:
         state.mkdir(mode=0o700)
         write_bundle(bundle, rendered)
-        # stdin, stdout and stderr are ours: the witness program arrives on stdin and its document
-        # leaves on stdout (terminal=false: the runtime passes the fds through to the container).
-        proc = subprocess.Popen(runtime_argv(runtime, state, "run", "--bundle", str(bundle), cid))
-        return proc.wait(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        print(f"{runtime}: the container did not finish within {RUN_TIMEOUT:.0f}s", file=sys.stderr)
-        return 124
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        cleanup(runtime, workspace, cid)
-        os.close(w)  # the guardian wakes, finds nothing left to do, and exits
-        guardian.wait(timeout=30)
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+
+    # stdin, stdout and stderr are ours: the witness program arrives on stdin and its document leaves
+    # on stdout (terminal=false: the runtime passes the fds through to the container).
+    return _guarded.run_guarded(
+        runtime_argv(runtime, state, "run", "--bundle", str(bundle), cid),
+        what=runtime, guardian=guardian, pipe=w, prepare=prepare,
+        cleanup=lambda: cleanup(runtime, workspace, cid),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

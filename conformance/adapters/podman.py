@@ -42,12 +42,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from conformance.adapters import docker, oci
+from conformance.adapters import _guarded, docker, oci
 from conformance.profile import expand
 from probes import owner
 
 WORKSPACE_PREFIX = "sbxc-pm-"  # short: podman refuses a runroot past 50 characters
-RUN_TIMEOUT = 25.0
+RUN_TIMEOUT = _guarded.RUN_TIMEOUT
 VERSION_PREFIX = "podman version "
 
 # crun refuses a hybrid host whose cgroup2 hierarchy has controllers; in a mount namespace of its own it
@@ -207,47 +207,19 @@ def launch(args: Sequence[str], spec: Mapping[str, Any]) -> int:
     # storage (/var/lib/containers, with a mount on it: measured): a long $TMPDIR gives way to /tmp.
     runroot = len(tempfile.gettempdir()) + len(WORKSPACE_PREFIX) + len(owner.stamp()) + len("/XXXXXXXX-/run")
     top = None if runroot <= 47 else "/tmp"  # the guardian's pid may have more digits than ours
-    # The guardian lives in a session of its own (the harness's group kill must not reach it) and
-    # holds the read end of a pipe whose write end only we hold (os.pipe fds are not inherited,
-    # PEP 446): the engine and the container never see it.
-    r, w = os.pipe()
-    try:
-        guardian = subprocess.Popen(
-            [sys.executable, "-m", "conformance.adapters.podman", "--guard"],
-            stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-    finally:
-        os.close(r)
+    guardian, w = _guarded.start_guardian("conformance.adapters.podman")
     start = owner.start_time(guardian.pid)
     stamp = owner.Stamp(guardian.pid, start, owner.host_key()) if start is not None else owner.mine()
     workspace = Path(tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{stamp}-", dir=top))
     workspace.chmod(0o755)
     os.write(w, f"{workspace} {cid}\n".encode())
-    proc: subprocess.Popen[bytes] | None = None
-
-    def stop(signum: int, _frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    try:
-        make_workspace(workspace)
-        flags = [expand(f, values) for f in run_flags(workspace)]
-        # --name before the rootfs, which (with --rootfs) stands where the image would.
-        argv = [*engine_argv(workspace), *flags[:-2], "--name", cid, *flags[-2:], *args]
-        proc = subprocess.Popen(argv, env=engine_env(workspace))
-        return proc.wait(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        print(f"podman: the container did not finish within {RUN_TIMEOUT:.0f}s", file=sys.stderr)
-        return 124
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        cleanup(workspace, cid, say=True)
-        os.close(w)
-        guardian.wait(timeout=30)
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+    flags = [expand(f, values) for f in run_flags(workspace)]
+    # --name before the rootfs, which (with --rootfs) stands where the image would.
+    argv = [*engine_argv(workspace), *flags[:-2], "--name", cid, *flags[-2:], *args]
+    return _guarded.run_guarded(
+        argv, what="podman", guardian=guardian, pipe=w, env=engine_env(workspace),
+        prepare=lambda: make_workspace(workspace), cleanup=lambda: cleanup(workspace, cid, say=True),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
