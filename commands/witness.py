@@ -499,7 +499,8 @@ def _pytest_argv(args: argparse.Namespace, junit: Path | None = None) -> list[st
 
 def _document(args: argparse.Namespace, settings: Settings, code: int, rc: int,
               lines: list[Row], results: list[_Result], skip_problem: str | None,
-              tasks: list[Task], launcher_name: str, remedy: dict[str, remedies.Remedy]) -> dict[str, Any]:
+              tasks: list[Task], launcher_name: str, remedy: dict[str, remedies.Remedy],
+              launches: int = 0) -> dict[str, Any]:
     """The witness report (`--json`; docs/json-documents.md): every promise with its id, tests and (when
     BROKEN) remedy, and every task with what it saw and what the host saw of it."""
     perturbed = sorted(settings.perturbations)
@@ -531,6 +532,9 @@ def _document(args: argparse.Namespace, settings: Settings, code: int, rc: int,
             for label, v, d in lines
         ],
         "expected_skips_problem": skip_problem,
+        # Every launch of a task the run made: the main one per session, and the lifecycle and terminal
+        # promises' own (bench/run_bench.py's floor is one bare launch per launch made).
+        "launches": launches,
         "tasks": [
             {
                 "launcher": t.launcher,
@@ -636,7 +640,8 @@ def _pytest_session(args: argparse.Namespace, out: output.WitnessOutput, setting
     text = None
     if args.json:
         tasks = plugin.tasks(config) if config is not None else []
-        doc = _document(args, settings, code, rc, lines, results, skip_problem, tasks, launcher_name, remedy)
+        doc = _document(args, settings, code, rc, lines, results, skip_problem, tasks, launcher_name, remedy,
+                        session.launches)
         text = json.dumps(doc, indent=2, default=str)
         if args.json != "-" and not written:
             try:

@@ -112,6 +112,9 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         self.host: plan.HostView | None = None
         self._daemon: socket.socket | None = None
         self._lifecycle: dict[str, Any] | HarnessError | None = None
+        # Every launch of a task this session started (the main one, the lifecycle and terminal ones):
+        # the report says how many, which bench/run_bench.py's floor counts.
+        self.launches = 0
         self._terminal: dict[str, Any] | HarnessError | None = None
         self._host_sockets: tuple[str, ...] = ()
 
@@ -484,6 +487,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
                 program = plan.program(the_plan)
                 if script is not None:
                     plan.write_script(script, program)
+                self.launches += 1
                 doc = launch(
                     self.launcher.name,
                     argv,
@@ -614,6 +618,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         the_plan = self._bare_plan(nonce, tag=tag)
         if script is not None:
             plan.write_script(script, plan.program(the_plan))
+        self.launches += 1
         done = run(
             self.argv(script),
             timeout=self.timeout,
@@ -659,6 +664,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         watch = observer.Watch("", nonce, protected=(), host_namespaces=self.host.namespaces)
         master, slave = pty.openpty()
         tty.setraw(slave)  # an injected byte is readable at once, not held back for a whole line
+        self.launches += 1
         try:
             done = run(
                 self.argv(script),
