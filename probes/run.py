@@ -322,6 +322,10 @@ class Background(Generic[T]):
         """Wait for it to end, whatever it ended with."""
         self._thread.join()
 
+    def done(self) -> bool:
+        """It has ended (as concurrent.futures.Future.done says)."""
+        return not self._thread.is_alive()
+
     def result(self) -> T:
         self._thread.join()
         if self._error is not None:
