@@ -1070,8 +1070,7 @@ def terminal_trials() -> "dict[str, object]":
 
 
 def reach(spec: "Mapping[str, Any]", fds: "Sequence[int]", doc: "dict[str, object]") -> None:
-    key, masked = bytes.fromhex(spec.get("secret_key", "")), bytes.fromhex(spec.get("secret_masked", ""))
-    secret = bytes(a ^ b for a, b in zip(masked, key))  # noqa: B905 - zip(strict=) is Python 3.10+
+    secret = unmask(spec.get("secret_masked", ""), spec.get("secret_key", ""))
     doc["descriptors"] = observe(descriptors, fds, secret)
     roots = [r for r in (os.environ.get("HOME"), observe(os.getcwd)) if isinstance(r, str)]
     if secret:

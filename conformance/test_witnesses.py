@@ -956,19 +956,12 @@ def test_the_task_cannot_type_into_the_terminal_it_was_started_from(
 # ---- the other syscall doors: each answers as the profile's [syscalls] table says ---------------------
 
 
-def _own_session_keyring() -> int | None:
-    # The harness's session keyring (keyrings(7)), to say whether the task's is the same one.
-    import ctypes
-
+def _own_session_keyring() -> object:
+    # The harness's session keyring (keyrings(7)), asked the way the task asked for its own, to say
+    # whether the task's is the same one.
     from conformance import inside
 
-    number = inside.SYS_KEYCTL.get(os.uname().machine)
-    if number is None:
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    got = int(libc.syscall(ctypes.c_long(number), ctypes.c_long(0), ctypes.c_long(-3), ctypes.c_long(0)))
-    return got if got > 0 else None
+    return inside.door_keyctl().get("returned")
 
 
 @witness("syscalls")
