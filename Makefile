@@ -25,7 +25,7 @@ run: setup
 	$(VENV)/bin/sandbox-conformance run
 
 lint: setup
-	$(VENV)/bin/ruff check probes conformance runners mrcheck commands tests bench fleet
+	$(VENV)/bin/ruff check kernel processes probes conformance runners mrcheck commands sandbox_conformance tests bench fleet
 	$(VENV)/bin/mypy
 
 test: setup lint

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import CLI, EXIT_UNAVAILABLE, REPO, Missing, load, need_venv
 
-from probes import owner  # REPO is on sys.path once _common is imported
+from sandbox_conformance.processes import owner  # REPO is on sys.path once _common is imported
 
 REAPER = REPO / "tests" / "cancel_reaper.py"
 COMMANDS = ("witness", "run", "controls", "mr-check")
@@ -143,10 +143,9 @@ OURS_OUTSIDE = ("sbxc-witness-", "sbxc-controls-", "sbxc-mr-check.")
 def stamped_dirs(env: dict[str, str]) -> set[Path]:
     out = set()
     for d in dict.fromkeys([env["TMPDIR"], "/tmp", "/var/tmp"]):
-        prefixes = owner.SWEPT_PREFIXES if d == env["TMPDIR"] else OURS_OUTSIDE
         with contextlib.suppress(OSError):
             for p in Path(d).iterdir():
-                if p.name.startswith(prefixes) and owner.find(p.name) is not None:
+                if owner.owned(p.name) and (d == env["TMPDIR"] or p.name.startswith(OURS_OUTSIDE)):
                     out.add(p)
     return out
 

@@ -22,9 +22,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from probes.run import minimal_env, run  # noqa: E402
-from runners.vm import image as vm_image  # noqa: E402
-from runners.vm import qemu as vm  # noqa: E402
+from sandbox_conformance.processes.run import minimal_env, run  # noqa: E402
+from sandbox_conformance.runners.vm import image as vm_image  # noqa: E402
+from sandbox_conformance.runners.vm import qemu as vm  # noqa: E402
 
 WORKLOADS = {
     "cpu": ["/usr/bin/python3", "-I", "-S", "-c", "sum(i * i for i in range(3_000_000))"],

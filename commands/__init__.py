@@ -2,13 +2,13 @@
 (docs/architecture.md).
 
 A stop signal (SIGTERM, SIGINT, SIGHUP) that comes while the process starts is held here, not obeyed
-(issue 28): until commands/cli.py has installed probes/cancel.py's handlers (the chosen command's
+(issue 28): until commands/cli.py has installed processes/cancel.py's handlers (the chosen command's
 imports and its argument checks, up to ~0.3 s of a 0.5 s witness run under load), it ended the
 process with no verdict line, or raised into a half-done import. The first one held is raised by
 cancel.install as the command's first act, an orderly stop with its verdict line; a process that never
 installs them (probe, fleet-report, a usage error) ends by it once it is done with its arguments, as
 it would have at once (release). Only in the process the command is (the installed script, or
-`python -m commands.cli`): a program that imports us keeps its own handlers. This file runs before
+`python -m sandbox_conformance`): a program that imports us keeps its own handlers. This file runs before
 anything else of ours, so it imports only `signal` (~0.6 ms: its `enum` is loaded already)."""
 
 import signal as _signal
@@ -27,7 +27,7 @@ def _is_the_command() -> bool:
     if _sys.argv and _sys.argv[0].rsplit("/", 1)[-1] == "sandbox-conformance":
         return True
     argv = _sys.orig_argv
-    return any(argv[i:i + 2] == ["-m", "commands.cli"] for i in range(len(argv)))
+    return any(argv[i:i + 2] == ["-m", "sandbox_conformance"] for i in range(len(argv)))
 
 
 def holding() -> bool:

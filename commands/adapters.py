@@ -1,13 +1,14 @@
 """`sandbox-conformance adapters`: the adapters for sandboxes this project did not write, and what
-`witness --adapter NAME` would run (the same as `python -m conformance.adapters`, from anywhere)."""
+`witness --adapter NAME` would run (the same as
+`python -m sandbox_conformance.conformance.adapters`, from anywhere)."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
 
-from conformance import adapters
-from probes.exits import Refusal, UsageError
+from sandbox_conformance.conformance import adapters
+from sandbox_conformance.processes.exits import Refusal, UsageError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

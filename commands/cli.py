@@ -17,25 +17,25 @@ import threading
 from collections.abc import Sequence
 from typing import NoReturn
 
-import commands
-from probes import cancel
-from probes.exits import EXIT_FAIL, EXIT_UNAVAILABLE, EXIT_USAGE, Refusal, UsageError
+from sandbox_conformance import commands
+from sandbox_conformance.processes import cancel
+from sandbox_conformance.processes.exits import EXIT_FAIL, EXIT_UNAVAILABLE, EXIT_USAGE, Refusal, UsageError
 
-# name -> (module, one-line help)
+# name -> (module in this package, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "probe": ("commands.probe", "find out what this host offers, with evidence"),
-    "witness": ("commands.witness", "run the witness suite on this host (no mode logic)"),
-    "run": ("commands.run", "decide native, container or VM mode, run the witness suite there, or refuse"),
-    "controls": ("commands.controls", "prove every witness can go red, for the right reason"),
-    "mr-check": ("commands.mr_check", "say which tier covers a change, run it, or hand it over"),
-    "adapters": ("commands.adapters", "list the adapters for sandboxes this project did not write"),
-    "matrix": ("commands.matrix", "every sandbox this host can run, through one witness set, as one table"),
-    "fleet-report": ("commands.fleet_report", "many hosts' probe and witness reports as one table"),
+    "probe": ("probe", "find out what this host offers, with evidence"),
+    "witness": ("witness", "run the witness suite on this host (no mode logic)"),
+    "run": ("run", "decide native, container or VM mode, run the witness suite there, or refuse"),
+    "controls": ("controls", "prove every witness can go red, for the right reason"),
+    "mr-check": ("mr_check", "say which tier covers a change, run it, or hand it over"),
+    "adapters": ("adapters", "list the adapters for sandboxes this project did not write"),
+    "matrix": ("matrix", "every sandbox this host can run, through one witness set, as one table"),
+    "fleet-report": ("fleet_report", "many hosts' probe and witness reports as one table"),
 }
 
 
 # Subcommands that start no sandbox, container or VM: no guardian (probe stays fast; its trials
-# still die with it through probes.run).
+# still die with it through processes.run).
 STARTS_NOTHING = frozenset({"probe", "fleet-report"})
 
 # Subcommands whose process is done in seconds (`run` waits for a witness child, a container or a VM,
@@ -68,7 +68,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_)
         if chosen is not None and name != chosen:
             continue
-        mod = importlib.import_module(module)
+        mod = importlib.import_module(f".{module}", commands.__name__)
         mod.add_arguments(p)
         p.set_defaults(_main=mod.main)
     return parser
@@ -140,7 +140,7 @@ def _command(argv: list[str]) -> int:
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            # The disk filled during the run (one full before it is exit 2, probes/outputs.py
+            # The disk filled during the run (one full before it is exit 2, processes/outputs.py
             # check_space): a fact about the host, said in one line, not a traceback (issue 28).
             where = f": {e.filename}" if e.filename else ""
             print(f"sandbox-conformance {args.command}: harness error: {e.strerror} "

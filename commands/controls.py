@@ -25,19 +25,26 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conformance import controls as catalogue
-from conformance import controls_judge as judge_mod
-from conformance import render
-from conformance.controls import Control
-from conformance.controls_judge import ControlStatus, ControlVerdict, Result
-from conformance.render import PLAIN, Style
-from probes import cancel, outputs, owner
-from probes.cgroupfs import PROMISE_ENV
-from probes.exits import EXIT_FAIL, EXIT_OK, Refusal, UsageError, check_as_user, check_seconds
-from probes.run import Completed, Runner, minimal_env, run
+from sandbox_conformance.conformance import controls as catalogue
+from sandbox_conformance.conformance import controls_judge as judge_mod
+from sandbox_conformance.conformance import render
+from sandbox_conformance.conformance.controls import Control
+from sandbox_conformance.conformance.controls_judge import ControlStatus, ControlVerdict, Result
+from sandbox_conformance.conformance.render import PLAIN, Style
+from sandbox_conformance.kernel.cgroupfs import PROMISE_ENV
+from sandbox_conformance.processes import cancel, outputs, owner
+from sandbox_conformance.processes.exits import (
+    EXIT_FAIL,
+    EXIT_OK,
+    Refusal,
+    UsageError,
+    check_as_user,
+    check_seconds,
+)
+from sandbox_conformance.processes.run import Completed, Runner, minimal_env, run
 
 if TYPE_CHECKING:
-    from runners.progress import Progress
+    from sandbox_conformance.runners.progress import Progress
 
 REQUIRE_ENV = "SANDBOX_CONFORMANCE_REQUIRE"
 
@@ -111,7 +118,7 @@ def witness_runner(
         junit = workdir / f"run-{next(counter)}.xml"
         # --verbose: pytest's report stays in the captured stderr (read when a run goes wrong), and
         # these runs, red by design, leave no log in the state directory (conformance/output.py).
-        argv = [sys.executable, "-m", "commands.cli", "witness", "--verbose", "--junitxml", str(junit)]
+        argv = [sys.executable, "-m", "sandbox_conformance", "witness", "--verbose", "--junitxml", str(junit)]
         argv += ["--timeout", str(min(launch_timeout, timeout))]
         if as_user:
             argv += ["--as-user", as_user]
@@ -226,7 +233,7 @@ def _validate(args: argparse.Namespace) -> None:
 
 def _disable_userns(as_user: str | None) -> tuple[bool, str]:
     """The guard probe the reference launcher itself uses (conformance/harness.py)."""
-    from conformance.guard import findings
+    from sandbox_conformance.conformance.guard import findings
 
     f = findings(as_user).get("disable_userns")
     if f is None:
@@ -236,7 +243,7 @@ def _disable_userns(as_user: str | None) -> tuple[bool, str]:
 
 def _cgroup_root(as_user: str | None) -> tuple[bool, str]:
     """The guard probe that decides whether each task gets a cgroup leaf (conformance/harness.py)."""
-    from conformance.guard import findings
+    from sandbox_conformance.conformance.guard import findings
 
     f = findings(as_user).get("cgroup.delegation")
     if f is None:
@@ -311,7 +318,7 @@ def execute(
             results = pool.map(lambda p: witness(p.extra), jobs_list)
         runs = dict(zip([p.control.name for p in jobs_list], results, strict=True))
     finally:
-        # Cancelled (probes/cancel.py): the witness runs under way are being stopped; the queued
+        # Cancelled (processes/cancel.py): the witness runs under way are being stopped; the queued
         # ones must not start on the way out.
         pool.shutdown(wait=True, cancel_futures=True)
     for p in todo:
@@ -481,7 +488,7 @@ def main(args: argparse.Namespace) -> int:
     # "did not run", once the baseline could not write its report: issue 28).
     outputs.check_temp_space()
     chosen, with_unsandboxed = _choose(args.only)
-    from probes.host import Host
+    from sandbox_conformance.probes.host import Host
 
     if Host().which("bwrap") is None:
         raise Refusal(
@@ -489,9 +496,9 @@ def main(args: argparse.Namespace) -> int:
             ways_on=["apt-get install bubblewrap"],
         )
     disable_userns = _disable_userns(args.as_user)
-    owner.sweep_once()  # what a SIGKILLed run left (probes/owner.py)
+    owner.sweep_once()  # what a SIGKILLed run left (processes/owner.py)
     with tempfile.TemporaryDirectory(prefix=f"sbxc-controls-{owner.stamp()}-") as tmp:
-        from runners.progress import Progress
+        from sandbox_conformance.runners.progress import Progress
 
         witness = witness_runner(
             as_user=args.as_user,

@@ -14,8 +14,8 @@ Exit 0 when no host broke a promise; 1 when one did (its run exited 1: a promise
 error), or with --require when any host did not pass (refused, unreachable, stopped, no report);
 2 for a DIR that is not a directory of host directories, with one line.
 
-Stdlib only, and importing nothing of the project's but probes.exits, inputs and outputs: the
-collection's playbook runs it on the controller as `python3 -m commands.cli fleet-report` from a bare
+Stdlib only, and importing nothing of the project's but processes.exits, inputs and outputs: the
+collection's playbook runs it on the controller as `python3 -m sandbox_conformance fleet-report` from a bare
 checkout."""
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from probes import inputs, outputs
-from probes.exits import EXIT_FAIL, EXIT_OK, UsageError
+from sandbox_conformance.processes import inputs, outputs
+from sandbox_conformance.processes.exits import EXIT_FAIL, EXIT_OK, UsageError
 
 # A probe verdict in one matrix cell (probes/finding.py's Verdict values).
 CODES: dict[str, str] = {
@@ -112,7 +112,7 @@ def _read_json(path: Path, notes: list[str]) -> Any:
     if not path.is_file():
         return None
     try:
-        # A regular file, read up to a bound (a FIFO would hang, /dev/zero fill memory: probes/inputs.py).
+        # A regular file, read up to a bound (a FIFO would hang, /dev/zero fill memory: processes/inputs.py).
         return json.loads(inputs.read_bytes(path).decode(errors="replace"))
     except (inputs.InputError, OSError, ValueError) as e:
         notes.append(f"{path.name}: unreadable ({type(e).__name__}: {str(e)[:80]})")

@@ -38,8 +38,14 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
-from probes.exits import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, UsageError, check_as_user
-from probes.run import run
+from sandbox_conformance.processes.exits import (
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    UsageError,
+    check_as_user,
+)
+from sandbox_conformance.processes.run import run
 
 REFERENCE = "reference"
 KEPT, BROKEN, NOT_TESTED = "kept", "BROKEN", "not tested"
@@ -114,7 +120,7 @@ class Column:
 
 
 def sandbox_names() -> list[str]:
-    from conformance.adapters import ADAPTERS, bwrap_versions
+    from sandbox_conformance.conformance.adapters import ADAPTERS, bwrap_versions
 
     return [REFERENCE, *bwrap_versions.VERSIONS, *ADAPTERS]
 
@@ -146,7 +152,7 @@ VERSION_ARGV: Mapping[str, tuple[str, ...]] = {
 
 
 def tool_version(sandbox: str) -> str:
-    from conformance.adapters import bwrap_versions
+    from sandbox_conformance.conformance.adapters import bwrap_versions
 
     if sandbox in bwrap_versions.VERSIONS:
         v = bwrap_versions.version(bwrap_versions.VERSIONS[sandbox] / "bwrap")
@@ -156,15 +162,15 @@ def tool_version(sandbox: str) -> str:
     import importlib
 
     with contextlib.suppress(ImportError):
-        mod = importlib.import_module(f"conformance.adapters.{sandbox.replace('-', '_')}")
+        mod = importlib.import_module(f"sandbox_conformance.conformance.adapters.{sandbox.replace('-', '_')}")
         if hasattr(mod, "VERSION"):
             return f"{sandbox} {mod.VERSION} (pinned)"
     return "?"
 
 
 def columns(sandboxes: Sequence[str], users: Sequence[str | None], profile: str | None) -> list[Column]:
-    from conformance import adapters
-    from conformance.adapters import bwrap_versions
+    from sandbox_conformance.conformance import adapters
+    from sandbox_conformance.conformance.adapters import bwrap_versions
 
     out = []
     for name in sandboxes:
@@ -208,7 +214,7 @@ class Outcome:
 
 def witness_argv(col: Column, json_out: Path, junit_out: Path, *, require: bool) -> list[str]:
     return [
-        sys.executable, "-m", "commands.cli", "witness", *col.args,
+        sys.executable, "-m", "sandbox_conformance", "witness", *col.args,
         *(["--as-user", col.user] if col.user else []),
         "--json", str(json_out),
         "--junitxml", str(junit_out),
@@ -250,7 +256,7 @@ def run_column(col: Column, reports: Path, *, timeout: float, require: bool) -> 
 
 
 def not_claimed_reasons(profile: str | None) -> Mapping[str, str]:
-    from conformance import profile as profile_mod
+    from sandbox_conformance.conformance import profile as profile_mod
 
     try:
         return dict(profile_mod.load(profile).not_claimed)
@@ -461,7 +467,7 @@ def _validate(args: argparse.Namespace) -> tuple[list[str], list[str | None]]:
     if args.profile and not Path(args.profile).is_file():
         raise UsageError(f"--profile: no such file {args.profile}")
     if args.profile:
-        from conformance import profile as profile_mod
+        from sandbox_conformance.conformance import profile as profile_mod
 
         try:
             profile_mod.load(args.profile)

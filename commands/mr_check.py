@@ -24,11 +24,11 @@ import os
 import sys
 from pathlib import Path
 
-from mrcheck.config import ConfigError, dead_globs, load, resolve
-from mrcheck.git import GitError, collect, files_at_head, toplevel
-from mrcheck.report import CheckReport, Invocation, ReportFormat, exit_code, plan, render
-from mrcheck.tiers import TierResult, display_command, effective_mode, run_tier
-from probes.exits import UsageError
+from sandbox_conformance.mrcheck.config import ConfigError, dead_globs, load, resolve
+from sandbox_conformance.mrcheck.git import GitError, collect, files_at_head, toplevel
+from sandbox_conformance.mrcheck.report import CheckReport, Invocation, ReportFormat, exit_code, plan, render
+from sandbox_conformance.mrcheck.tiers import TierResult, display_command, effective_mode, run_tier
+from sandbox_conformance.processes.exits import UsageError
 
 MODES = ("auto", "native", "container", "vm")
 

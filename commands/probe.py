@@ -18,11 +18,11 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from probes.collect import PROBE_IDS, collect
-from probes.exits import EXIT_FAIL, EXIT_OK, UsageError, check_as_user
-from probes.finding import Finding, Verdict
-from probes.host import Host
-from probes.run import Background
+from sandbox_conformance.probes.collect import PROBE_IDS, collect
+from sandbox_conformance.probes.finding import Finding, Verdict
+from sandbox_conformance.probes.host import Host
+from sandbox_conformance.processes.exits import EXIT_FAIL, EXIT_OK, UsageError, check_as_user
+from sandbox_conformance.processes.run import Background
 
 SCHEMA = 1
 
@@ -74,7 +74,7 @@ def way_on(f: Finding, by: Mapping[str, Finding]) -> str | None:
     (runners/decide.py, so the probe and a refusal never disagree); None where the reason is all."""
     if f.verdict in (Verdict.supported, Verdict.detected, Verdict.not_detected):
         return None
-    from runners import decide  # only a failing finding needs the table of ways on
+    from sandbox_conformance.runners import decide  # only a failing finding needs the table of ways on
 
     probe_id = f.probe.partition("@")[0]
     if probe_id == "bwrap":

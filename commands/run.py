@@ -21,11 +21,13 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from conformance import output
-from conformance.render import Format, refusal_markdown
-from probes import cancel, inputs, outputs
-from probes.collect import collect
-from probes.exits import (
+from sandbox_conformance.conformance import output
+from sandbox_conformance.conformance.render import Format, refusal_markdown
+from sandbox_conformance.probes.collect import collect
+from sandbox_conformance.probes.finding import Finding
+from sandbox_conformance.probes.host import Host
+from sandbox_conformance.processes import cancel, inputs, outputs
+from sandbox_conformance.processes.exits import (
     EXIT_FAIL,
     EXIT_OK,
     EXIT_UNAVAILABLE,
@@ -35,12 +37,10 @@ from probes.exits import (
     check_seconds,
     group_problem,
 )
-from probes.finding import Finding
-from probes.host import Host
-from probes.run import run
-from runners import native, run_verdict, witness_args
-from runners.decide import NEEDED, Decision, Mode, Request, decide
-from runners.progress import HEARTBEAT, Progress
+from sandbox_conformance.processes.run import run
+from sandbox_conformance.runners import native, run_verdict, witness_args
+from sandbox_conformance.runners.decide import NEEDED, Decision, Mode, Request, decide
+from sandbox_conformance.runners.progress import HEARTBEAT, Progress
 
 MODE_ENV = "SANDBOX_CONFORMANCE_MODE"
 PRINT_MODE_ENV = "SANDBOX_CONFORMANCE_PRINT_MODE"
@@ -82,7 +82,7 @@ def _validate(args: argparse.Namespace, request: Request) -> None:
     for flag, path in (("--profile", args.profile), ("--expected-skips", args.expected_skips)):
         if path is not None:
             try:
-                inputs.read_bytes(path)  # a regular file within bounds (probes/inputs.py)
+                inputs.read_bytes(path)  # a regular file within bounds (processes/inputs.py)
             except inputs.InputError as e:
                 raise UsageError(f"{flag} {path}: {e}") from None
     if args.as_user is not None:
@@ -113,7 +113,7 @@ def _validate(args: argparse.Namespace, request: Request) -> None:
 
 
 def _check_distinct(args: argparse.Namespace) -> None:
-    """No output replaces an input or another output (probes/outputs.py)."""
+    """No output replaces an input or another output (processes/outputs.py)."""
     outputs.check_distinct(
         [("--json", args.json), ("--junitxml", args.junitxml), ("--log", args.log),
          (run_verdict.FLAG, args.verdict_json)],
@@ -136,7 +136,7 @@ def render(decision: Decision, requested: Mode) -> list[str]:
 
 class _Verdict:
     """Prints the one verdict line, whatever path the run leaves by (a cancelled run's is printed by
-    probes/cancel.py, with the mode known at that moment), and writes the same as JSON for
+    processes/cancel.py, with the mode known at that moment), and writes the same as JSON for
     --verdict-json (runners/run_verdict.py), with the refusal's reason and ways on."""
 
     def __init__(self, requested: Mode, path: str | None = None) -> None:
@@ -162,7 +162,7 @@ class _Verdict:
         self.ways_on += tuple(ways_on)
 
     def killed(self, exc: cancel.Cancelled) -> None:
-        """A cancelled run's document; probes/cancel.py prints its line once the clean-up is done."""
+        """A cancelled run's document; processes/cancel.py prints its line once the clean-up is done."""
         seconds = time.monotonic() - self.started
         word = f"KILLED-{exc.name}"
         self._write(word, exc.exit_code, seconds,
@@ -238,7 +238,7 @@ def _writable(args: argparse.Namespace, value: str | None) -> str | None:
 
 
 # A stop signal from the process's start (commands/__init__.py) to here is raised in main, once the
-# verdict document can say how the run ended (commands/cli.py; probes/cancel.py begin).
+# verdict document can say how the run ended (commands/cli.py; processes/cancel.py begin).
 BEGINS_ITSELF = True
 
 
@@ -246,7 +246,7 @@ def main(args: argparse.Namespace) -> int:
     requested = Mode(args.mode) if args.mode in [m.value for m in Mode] else Mode.auto
     if args.verdict_json is None:
         # The environment form (mr-check's: a path in our argv would be a dead owner's directory that
-        # a sweep kills us for naming, probes/owner.py kill_naming); checked as the option is.
+        # a sweep kills us for naming, processes/owner.py kill_naming); checked as the option is.
         args.verdict_json = os.environ.get(run_verdict.ENV) or None
     verdict = _Verdict(requested, _writable(args, args.verdict_json))
     try:
@@ -290,7 +290,7 @@ def _main(args: argparse.Namespace, verdict: _Verdict) -> int:
 
 def _witness_main(argv: list[str]) -> int:
     """The witness command, in the forked child runners/native.py Standby makes."""
-    from commands import cli
+    from sandbox_conformance.commands import cli
 
     return cli.main(["witness", *argv])
 
@@ -350,7 +350,9 @@ def _decided(args: argparse.Namespace, verdict: _Verdict, request: Request, prin
         return verdict.done(code)
 
     if decision.mode is Mode.vm:
-        from runners.vm import mode as vm_mode  # each mode's code is imported only when chosen
+        from sandbox_conformance.runners.vm import (
+            mode as vm_mode,  # each mode's code is imported only when chosen
+        )
 
         return ended(vm_mode.run_vm(options, timeout=args.timeout, say=verdict.say, progress=progress))
     if decision.mode is Mode.native:
@@ -394,7 +396,7 @@ def _run_delegated(args: argparse.Namespace, say: Callable[[str], None] = _say) 
 def _run_container(args: argparse.Namespace, options: witness_args.WitnessOptions,
                    engine_finding: Finding | None, verdict: _Verdict,
                    progress: Progress | None = None) -> int:
-    from runners import container
+    from sandbox_conformance.runners import container
 
     engine = container.Engine.from_facts(engine_finding.facts if engine_finding else {}, os.environ)
     try:

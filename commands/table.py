@@ -1,14 +1,15 @@
 """The README's command table, rendered from the argparse parsers themselves: one source for `--help`
-and the front door. `python -m commands.table` prints it; tests/test_readme.py fails when the
+and the front door.
+`python -m sandbox_conformance.commands.table` prints it; tests/test_readme.py fails when the
 README's copy (between the `commands:begin` and `commands:end` markers) differs."""
 
 from __future__ import annotations
 
 import argparse
 
-from commands.cli import SUBCOMMANDS, build_parser
+from sandbox_conformance.commands.cli import SUBCOMMANDS, build_parser
 
-BEGIN, END = "<!-- commands:begin (python -m commands.table) -->", "<!-- commands:end -->"
+BEGIN, END = "<!-- commands:begin (python -m sandbox_conformance.commands.table) -->", "<!-- commands:end -->"
 
 
 def _flags(parser: argparse.ArgumentParser) -> list[str]:

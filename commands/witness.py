@@ -19,19 +19,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import conformance
-from conformance import guard, handover, output, promises, remedies
-from conformance import settings as settings_mod
-from conformance.launch import LauncherKind
-from conformance.profile import PLACEHOLDERS
-from conformance.render import Row, family_of
-from conformance.settings import Settings
+from sandbox_conformance import conformance
+from sandbox_conformance.conformance import guard, handover, output, promises, remedies
+from sandbox_conformance.conformance import settings as settings_mod
+from sandbox_conformance.conformance.launch import LauncherKind
+from sandbox_conformance.conformance.profile import PLACEHOLDERS
+from sandbox_conformance.conformance.render import Row, family_of
+from sandbox_conformance.conformance.settings import Settings
 
 if TYPE_CHECKING:
-    from conformance.harness import WitnessSession
-    from conformance.plan import Task
-from probes import cancel, outputs, owner
-from probes.exits import (
+    from sandbox_conformance.conformance.harness import WitnessSession
+    from sandbox_conformance.conformance.plan import Task
+from sandbox_conformance.probes.host import Host
+from sandbox_conformance.processes import cancel, outputs, owner
+from sandbox_conformance.processes.exits import (
     EXIT_FAIL,
     EXIT_OK,
     EXIT_USAGE,
@@ -39,10 +40,9 @@ from probes.exits import (
     UsageError,
     check_as_user,
 )
-from probes.host import Host
 
 # The witness tests ship inside the conformance package (pytest collects them by path).
-WITNESS_MODULE = Path(conformance.__file__).resolve().parent / "test_witnesses.py"
+WITNESS_MODULE = Path(conformance.__file__).parent / "test_witnesses.py"
 AUTOLOAD_ENV = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
 MANY_PATHS = 500  # a profile with this many paths gets a line saying the run will take a while
 PERTURB_ENV = "SANDBOX_CONFORMANCE_PERTURB"  # comma-separated, for the negative controls (issue 6)
@@ -277,7 +277,7 @@ def _validate(args: argparse.Namespace) -> Settings:
     if getattr(args, "adapter", None):
         if profile or launcher:
             raise UsageError("--adapter sets --profile and --launcher: give either --adapter or those")
-        from conformance import adapters
+        from sandbox_conformance.conformance import adapters
 
         try:
             resolved = adapters.resolve(args.adapter, as_user=args.as_user)
@@ -340,7 +340,7 @@ def _count(outcomes: Any) -> dict[str, int]:
 def _no_autoload() -> Iterator[None]:
     """PYTEST_DISABLE_PLUGIN_AUTOLOAD for this process's pytest session only: the variable, not
     pytest 8.4's `--disable-plugin-autoload`, because container mode runs Debian bookworm's pytest
-    7.2. The tasks never see it (their launchers get a minimal environment, probes/run.py); it is
+    7.2. The tasks never see it (their launchers get a minimal environment, processes/run.py); it is
     restored after the session."""
     saved = os.environ.get(AUTOLOAD_ENV)
     os.environ[AUTOLOAD_ENV] = "1"
@@ -360,7 +360,7 @@ def _stand_by(fd: int) -> bool:
         os.fstat(fd)
     except OSError:
         raise UsageError(f"{handover.STANDBY_FLAG} {fd}: not an open descriptor") from None
-    import conformance.harness  # noqa: F401  # what _main imports next, imported now
+    import sandbox_conformance.conformance.harness  # noqa: F401  # what _main imports next, imported now
 
     said = handover.await_go(fd)
     if said:
@@ -428,10 +428,10 @@ def _main(args: argparse.Namespace, out: output.WitnessOutput,
         # The guard probes' trial runs while the rest is imported and the host swept: the first
         # task's launch waits for it (conformance/guard.py).
         guard.prefetch(args.as_user)
-    # What a SIGKILLed run left (probes/owner.py), said here on our stderr: once pytest starts, its
+    # What a SIGKILLed run left (processes/owner.py), said here on our stderr: once pytest starts, its
     # output (and the layout's own sweep with it) goes to the log.
     owner.sweep_once()
-    from conformance.harness import WitnessSession
+    from sandbox_conformance.conformance.harness import WitnessSession
 
     session = WitnessSession(
         settings.profile,
@@ -467,7 +467,7 @@ def _pytest_argv(args: argparse.Namespace, junit: Path | None = None) -> list[st
         "-p",
         "pytest_timeout",
         "-p",
-        "conformance.plugin",
+        "sandbox_conformance.conformance.plugin",
         *(a for name in UNNEEDED_PLUGINS for a in ("-p", f"no:{name}")),
         *(() if args.junitxml else ("-p", "no:junitxml")),
         "-c",
@@ -570,7 +570,7 @@ def _pytest_session(args: argparse.Namespace, out: output.WitnessOutput, setting
     launcher = settings.launcher if settings.launcher.kind is not LauncherKind.reference else None
     import pytest
 
-    from conformance import plugin
+    from sandbox_conformance.conformance import plugin
 
     argv = _pytest_argv(args, junit)
 
@@ -585,7 +585,7 @@ def _pytest_session(args: argparse.Namespace, out: output.WitnessOutput, setting
     with out.pytest_report(), _no_autoload():
         rc = int(pytest.main(argv, plugins=[collector, preset]))
     # pytest turns a SIGTERM/SIGINT/SIGHUP (a KeyboardInterrupt) into an interrupted session with its
-    # fixtures torn down: the run ends cancelled, not as a red suite (probes/cancel.py).
+    # fixtures torn down: the run ends cancelled, not as a red suite (processes/cancel.py).
     cancel.check()
     if collector.unavailable is not None:
         # The launcher said its sandbox cannot run here (exit 75): nothing was tested, so no table of

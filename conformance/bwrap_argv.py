@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import NamedTuple
 
-from conformance.profile import Caps, Nested, NetworkMode, Profile, Sharing, expand
-from probes.finding import EMPTY
+from sandbox_conformance.conformance.profile import Caps, Nested, NetworkMode, Profile, Sharing, expand
+from sandbox_conformance.probes.finding import EMPTY
 
 # One thing each, named for what a broken sandbox gets wrong (issue 6's negative controls).
 PERTURBATIONS: Mapping[str, str] = {

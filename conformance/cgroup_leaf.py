@@ -37,9 +37,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from probes import cancel, owner
-from probes.cgroupfs import CgroupFs
-from probes.errnos import errname
+from sandbox_conformance.kernel.cgroupfs import CgroupFs
+from sandbox_conformance.kernel.errnos import errname
+from sandbox_conformance.processes import cancel, owner
 
 # The exit status the shim uses when it could not enter the leaf (what env(1) and timeout(1) use
 # for "the wrapper itself failed"): the task never ran.
@@ -250,7 +250,7 @@ def task_leaf(
 ) -> Iterator[Leaf]:
     """A leaf for one task; on the way out (normal or not, a cancelled run too) kill whatever is left
     and remove it. A real leaf is also registered with the guardian, which does the same if we are
-    SIGKILLed, and the leaves a dead run left under this root are swept first (probes/owner.py)."""
+    SIGKILLed, and the leaves a dead run left under this root are swept first (processes/owner.py)."""
     real = fs is None
     if real:
         _sweep_once(root)

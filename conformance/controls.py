@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 # conformance/ as the rootdir. Compared by the part after the last "::" (conformance.plugin.skip_key),
 # which is also what JUnit's `name` attribute carries.
 MODULE = "test_witnesses.py"
-LAUNCHER_MODULE = "conformance.control_launchers.reference"
+LAUNCHER_MODULE = "sandbox_conformance.conformance.control_launchers.reference"
 
 
 def _w(name: str) -> str:

@@ -12,7 +12,7 @@ import enum
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping, Sequence
 
-from conformance.controls import Control, key
+from sandbox_conformance.conformance.controls import Control, key
 
 # user_properties the plugin (conformance/plugin.py) attaches to a witness's report; junitxml writes
 # them as <property> elements.

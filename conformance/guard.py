@@ -8,14 +8,16 @@ imported, instead of delaying the first task's launch (bench/witness_bench.py)."
 
 from __future__ import annotations
 
-from conformance.handover import GUARD_PROBES
-from probes.finding import Finding
-from probes.host import Host
-from probes.run import Background
+from sandbox_conformance.conformance.handover import GUARD_PROBES
+from sandbox_conformance.probes.finding import Finding
+from sandbox_conformance.probes.host import Host
+from sandbox_conformance.processes.run import Background
 
 
 def _probe(as_user: str | None, host: Host | None = None) -> dict[str, Finding]:
-    from probes.collect import collect  # the probe modules are heavy; only a witness run needs them
+    from sandbox_conformance.probes.collect import (
+        collect,  # the probe modules are heavy; only a witness run needs them
+    )
 
     host = host or Host(as_user=as_user)
     return {f.probe: f for f in collect(host, only=list(GUARD_PROBES))}

@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 
-from probes.finding import Finding
+from sandbox_conformance.probes.finding import Finding
 
 # The probes whose findings guard witnesses (conformance/guard.py).
 GUARD_PROBES = ("disable_userns", "cgroup.delegation")

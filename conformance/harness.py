@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from conformance import bwrap_argv, cgroup_leaf, layout, observer, plan
-from conformance.guard import findings
-from conformance.launch import (
+from sandbox_conformance.conformance import bwrap_argv, cgroup_leaf, layout, observer, plan
+from sandbox_conformance.conformance.guard import findings
+from sandbox_conformance.conformance.launch import (
     REFERENCE,
     SECRET_ENV,
     SPEC_ENV,
@@ -40,12 +40,13 @@ from conformance.launch import (
     as_user_prefix,
     launch,
 )
-from conformance.profile import Profile, expand
-from probes import cancel, kills, netif, owner
-from probes.cgroupfs import own_cgroup
-from probes.finding import Finding, Verdict
-from probes.host import Host
-from probes.run import Background, Completed, minimal_env, run
+from sandbox_conformance.conformance.profile import Profile, expand
+from sandbox_conformance.kernel import netif
+from sandbox_conformance.kernel.cgroupfs import own_cgroup
+from sandbox_conformance.probes.finding import Finding, Verdict
+from sandbox_conformance.probes.host import Host
+from sandbox_conformance.processes import cancel, kills, owner
+from sandbox_conformance.processes.run import Background, Completed, minimal_env, run
 
 # The neighbour leaf's limits when the profile sets none (a leaf with "max" everywhere would not show
 # a successful write of "max").
@@ -74,7 +75,7 @@ def _cmdline(pid: int | str) -> tuple[str, ...]:
 
 def _host_addresses() -> list[str]:
     """Up to two of the host's non-loopback IPv4 addresses: a shared network namespace reaches the
-    listener through them too (probes/netif.py: each interface's primary address)."""
+    listener through them too (kernel/netif.py: each interface's primary address)."""
     return [a for name, addrs in netif.ipv4_addresses().items() if name != "lo" for a in addrs][:2]
 
 
@@ -193,7 +194,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         """A System V shared memory segment of the host's ipc namespace (0600, one page), removed with the
         session: the key a task with an ipc namespace of its own cannot find. 0 where none can be made.
         Labelled for the sweep before it exists (IPC objects outlive their creator, and a SIGKILLed run
-        would leave it; probes/owner.py label_shm)."""
+        would leave it; processes/owner.py label_shm)."""
         libc = ctypes.CDLL(None, use_errno=True)
         for _ in range(8):
             key = secrets.randbelow(0x7FFFFFFF) + 1
@@ -372,8 +373,8 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
     def _join_started(self) -> None:
         """Before the layout goes: a launch still under way uses it. Waited for, not read: what it
         raised was for task() to report, if anyone asked. A cancelled run's launch ends promptly: its
-        child's group is stopped by probes/cancel.py, and a worker thread starts no new child after
-        the signal, nor keeps one it started as the signal came (probes/run.py)."""
+        child's group is stopped by processes/cancel.py, and a worker thread starts no new child after
+        the signal, nor keeps one it started as the signal came (processes/run.py)."""
         for started in self._started.values():
             started.join()
 

@@ -7,7 +7,7 @@
 - entry point `--launcher 'entry-point:NAME'`: a Python callable registered in the entry-point group
   `sandbox_conformance.launchers`, called with the task spec (a dict) and returning the argv prefix.
 
-Every launch goes through probes.run.run (timeout, whole process group killed). A missing or
+Every launch goes through processes.run.run (timeout, whole process group killed). A missing or
 partial document, a non-zero exit or a timeout is a HarnessError naming the launcher: never a pass.
 Exit 75 (EX_TEMPFAIL) is the launcher saying its sandbox cannot run on this host or as this user:
 SandboxUnavailable, which `witness` reports once as "did not run" and exits 75 with (docs/launchers.md)."""
@@ -21,9 +21,9 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from probes import kills
-from probes.exits import EXIT_UNAVAILABLE
-from probes.run import Completed, Runner, run
+from sandbox_conformance.processes import kills
+from sandbox_conformance.processes.exits import EXIT_UNAVAILABLE
+from sandbox_conformance.processes.run import Completed, Runner, run
 
 ENTRY_POINT_GROUP = "sandbox_conformance.launchers"
 ENTRY_POINT_PREFIX = "entry-point:"
@@ -172,7 +172,7 @@ def parse_document(name: str, done: Completed) -> dict[str, Any]:
             name, done.stderr_tail() or "(it said nothing on stderr) the sandbox cannot run here (exit 75)"
         )
     if done.returncode != 0:
-        # Which signal ended it, if one did, and whether we sent it (probes/kills.py, issue 28).
+        # Which signal ended it, if one did, and whether we sent it (processes/kills.py, issue 28).
         how = (kills.ended(done.returncode, done.pid, done.started, done.exited)
                if done.started is not None and done.exited is not None and done.returncode is not None
                else f"exited {done.returncode}")
@@ -203,6 +203,6 @@ def launch(
     cwd: str | None = None,
     hooks: Mapping[str, Callable[..., None]] | None = None,
 ) -> dict[str, Any]:
-    """`hooks`: on_line / after_exit for probes.run.run (the host-side observer's handshake)."""
+    """`hooks`: on_line / after_exit for processes.run.run (the host-side observer's handshake)."""
     done = runner(argv, timeout=timeout, input=program, env=env, cwd=cwd, **dict(hooks or {}))
     return parse_document(name, done)

@@ -29,8 +29,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from conformance.profile import LayoutNames
-from probes import owner
+from sandbox_conformance.conformance.profile import LayoutNames
+from sandbox_conformance.processes import owner
 
 TEMP_PREFIX = "sbxc-witness-"
 USER = "alice"
@@ -132,7 +132,7 @@ def create(
 ) -> Layout:
     """Create a fresh layout. The caller removes it with `remove` (see `layout()` for the guard)."""
     # The owner's stamp in the name: a run that is SIGKILLed leaves this behind, and the next run's
-    # sweep, here, removes it once that owner is gone (probes/owner.py). A root named by the profile
+    # sweep, here, removes it once that owner is gone (processes/owner.py). A root named by the profile
     # carries it on a label beside it instead (owner.make_named_dir), so a launcher sees only names a
     # platform would use.
     names = names or LayoutNames()

@@ -29,10 +29,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-from probes import cancel, kills, mountinfo
-from probes.cgroupfs import own_cgroup
-from probes.errnos import errname
-from probes.finding import EMPTY
+from sandbox_conformance.kernel import mountinfo
+from sandbox_conformance.kernel.cgroupfs import own_cgroup
+from sandbox_conformance.kernel.errnos import errname
+from sandbox_conformance.probes.finding import EMPTY
+from sandbox_conformance.processes import cancel, kills
 
 NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "user", "uts")
 STATUS_KEYS = (
@@ -697,7 +698,7 @@ def survivors(
     task_pidns = seen.namespaces.get("pid", "")
     task_sid = seen.proc_stat.get("sid") if not isinstance(seen.proc_stat, str) else None
     me = os.getpid()
-    # Ours, never the launch's: this process and its guardian (probes/cancel.py). The guardian is a
+    # Ours, never the launch's: this process and its guardian (processes/cancel.py). The guardian is a
     # child of ours, so one started less than two clock ticks before a launch's `since` (a `run`'s
     # forked witness on a fast machine) would pass for an orphan of it: reported as a leftover of
     # the sandbox, and killed.
@@ -805,7 +806,7 @@ def sigqueue(pid: int, sig: int, value: int) -> None:
 
 
 class Watch:
-    """The harness's side of the handshake, fed the launcher's stdout line by line (probes.run.run's
+    """The harness's side of the handshake, fed the launcher's stdout line by line (processes.run.run's
     on_line) and called once the launcher has exited (after_exit), before its group is killed.
 
     From the launch on (on_start), it also looks for the task by its tag at moments the launcher cannot

@@ -25,10 +25,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
-from conformance import render
-from conformance.render import Format, Row, Style
-from probes.exits import EXIT_OK, EXIT_USAGE, UsageError
-from probes.outputs import check_target
+from sandbox_conformance.conformance import render
+from sandbox_conformance.conformance.render import Format, Row, Style
+from sandbox_conformance.processes.exits import EXIT_OK, EXIT_USAGE, UsageError
+from sandbox_conformance.processes.outputs import check_target
 
 KEEP = 20
 PROG = "sandbox-conformance witness"

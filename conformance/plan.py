@@ -20,8 +20,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from conformance.observer import Seen
-from conformance.profile import NetworkMode, Profile, expand
+from sandbox_conformance.conformance.observer import Seen
+from sandbox_conformance.conformance.profile import NetworkMode, Profile, expand
 
 PLANT = ".sbxc-plant-"  # a file the task tries to create where it must not
 WRITE = ".sbxc-write-"  # a file the task creates where it may
@@ -552,7 +552,7 @@ def program(plan: Plan) -> str:
     """The witness program's text: the plan as its first line, then conformance/inside.py. The plan is
     compressed and base64-encoded: what the program will look at is not a list of paths, ports and
     tags for a launcher to grep (it can still decode it: docs/threat-model.md)."""
-    source = resources.files("conformance").joinpath("inside.py").read_text()
+    source = resources.files("sandbox_conformance.conformance").joinpath("inside.py").read_text()
     return f"{_plan_line(plan.to_json())}\n{source}"
 
 

@@ -36,15 +36,15 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from _pytest._code.code import ExceptionRepr  # the failure report pytest's junitxml reads (7.2 to 9.x)
 
-from conformance import profile as profile_mod
-from conformance import promises, remedies
-from conformance import settings as settings_mod
-from conformance.harness import WitnessSession
-from conformance.launch import HarnessError, Launcher, SandboxUnavailable, external
-from conformance.plan import Task
-from conformance.profile import PLACEHOLDERS
-from conformance.settings import REQUIRE_ENV, Settings, read_expected_skips, skip_key
-from probes.finding import Finding
+from sandbox_conformance.conformance import profile as profile_mod
+from sandbox_conformance.conformance import promises, remedies
+from sandbox_conformance.conformance import settings as settings_mod
+from sandbox_conformance.conformance.harness import WitnessSession
+from sandbox_conformance.conformance.launch import HarnessError, Launcher, SandboxUnavailable, external
+from sandbox_conformance.conformance.plan import Task
+from sandbox_conformance.conformance.profile import PLACEHOLDERS
+from sandbox_conformance.conformance.settings import REQUIRE_ENV, Settings, read_expected_skips, skip_key
+from sandbox_conformance.probes.finding import Finding
 
 if TYPE_CHECKING:
     from pluggy import Result  # pluggy >= 1.1; only mypy reads it (annotations are not evaluated)
@@ -159,11 +159,11 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(named) from None
     if _settings_key in config.stash:  # handed over by the witness command (Preset)
         if config.stash[_settings_key].guard is None:
-            from conformance.guard import prefetch
+            from sandbox_conformance.conformance.guard import prefetch
 
             prefetch(config.stash[_settings_key].as_user)
     elif _active(config):
-        from conformance.guard import prefetch
+        from sandbox_conformance.conformance.guard import prefetch
 
         prefetch(config.getoption("sbxc_as_user"))
 
@@ -243,7 +243,7 @@ def guard(config: pytest.Config) -> dict[str, Finding]:
         if s.guard is not None:
             config.stash[_guard_key] = dict(s.guard)  # handed down by `run`: probed once per run
         else:
-            from conformance.guard import findings
+            from sandbox_conformance.conformance.guard import findings
 
             config.stash[_guard_key] = findings(s.as_user)
     return config.stash[_guard_key]

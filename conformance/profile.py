@@ -18,8 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from probes import inputs
-from probes.finding import EMPTY
+from sandbox_conformance.probes.finding import EMPTY
+from sandbox_conformance.processes import inputs
 
 # The placeholders a profile path (and an external launcher prefix) may use; conformance/layout.py
 # gives each one a value.
@@ -627,12 +627,12 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
 def load(path: str | Path | None = None) -> Profile:
     """The profile at `path`, or the embedded reference profile when None."""
     if path is None:
-        ref = resources.files("conformance") / "profiles" / f"{REFERENCE_NAME}.toml"
+        ref = resources.files("sandbox_conformance.conformance") / "profiles" / f"{REFERENCE_NAME}.toml"
         return parse(tomllib.loads(ref.read_text()), f"<embedded {REFERENCE_NAME}.toml>")
     file = str(path)
     try:
         # A regular file, read up to a bound: a FIFO, /dev/zero or a symlink loop is one line, never a
-        # hang or a traceback (probes/inputs.py).
+        # hang or a traceback (processes/inputs.py).
         text = inputs.read_text(path)
     except inputs.InputError as e:
         raise ProfileError(file, "(file)", f"a readable profile file ({e})") from None

@@ -150,9 +150,10 @@ SKIP_HELP = "leave these promises out (reported `not selected`, never kept); rep
 
 
 def table_markdown() -> list[str]:
-    """The catalogue as the README's table (`python -m conformance.promises`; tests/test_promises.py
+    """The catalogue as the README's table (`python -m sandbox_conformance.conformance.promises`;
+    tests/test_promises.py
     keeps the README's copy equal to it)."""
-    out = ["<!-- promises:begin (python -m conformance.promises) -->",
+    out = ["<!-- promises:begin (python -m sandbox_conformance.conformance.promises) -->",
            "| id | kept means | made by |", "|---|---|---|"]
     out += [f"| `{p.id}` | {p.meaning} | {p.made_by} |" for p in CATALOGUE]
     return [*out, "<!-- promises:end -->"]

@@ -16,16 +16,16 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from conformance import bwrap_argv, remedies
-from conformance import profile as profile_mod
-from conformance import promises as promises_mod
-from conformance.handover import handed_down
-from conformance.launch import REFERENCE, Launcher, LauncherKind, external
-from probes import inputs
-from probes.cgroupfs import statfs_magic
-from probes.exits import MAX_SECONDS, seconds_ok
-from probes.finding import EMPTY, Finding
-from probes.run import DEFAULT_PATH
+from sandbox_conformance.conformance import bwrap_argv, remedies
+from sandbox_conformance.conformance import profile as profile_mod
+from sandbox_conformance.conformance import promises as promises_mod
+from sandbox_conformance.conformance.handover import handed_down
+from sandbox_conformance.conformance.launch import REFERENCE, Launcher, LauncherKind, external
+from sandbox_conformance.kernel.cgroupfs import statfs_magic
+from sandbox_conformance.probes.finding import EMPTY, Finding
+from sandbox_conformance.processes import inputs
+from sandbox_conformance.processes.exits import MAX_SECONDS, seconds_ok
+from sandbox_conformance.processes.run import DEFAULT_PATH
 
 REQUIRE_ENV = "SANDBOX_CONFORMANCE_REQUIRE"
 # A name a launcher's environment may carry: what a shell accepts as a variable name.
@@ -104,7 +104,7 @@ def parse_launcher_env(items: Iterable[str]) -> dict[str, str]:
 
 
 def check_seconds(flag: str, seconds: float) -> float:
-    """A finite, positive number of seconds, at most a day (probes/exits.py seconds_ok)."""
+    """A finite, positive number of seconds, at most a day (processes/exits.py seconds_ok)."""
     if not seconds_ok(seconds):
         raise SettingsError(f"{flag} {seconds:g}: expected a positive number of seconds, at most "
                             f"{MAX_SECONDS:g}")
@@ -118,7 +118,7 @@ _PSEUDO = {0x9FA0: "procfs", 0x62656572: "sysfs", 0x63677270: "cgroup2", 0x27E0E
 
 def check_launcher_program(prefix: str, path: str) -> None:
     """The program a launcher prefix runs exists: an absolute path, or a name on the PATH the launcher
-    gets (probes/run.py minimal_env). Otherwise every launch would be a harness error (exit 1) where
+    gets (processes/run.py minimal_env). Otherwise every launch would be a harness error (exit 1) where
     `./nonexistent` is already exit 2 (conformance/launch.py external). A word with a placeholder is
     only known at launch."""
     words = shlex.split(prefix)  # external() split it already
@@ -227,7 +227,7 @@ def build(
         raise SettingsError("--perturb applies to the reference launcher only, not with --launcher")
     try:
         expected = read_expected_skips(expected_skips) if expected_skips is not None else None
-    except inputs.InputError as e:  # a FIFO, /dev/zero, a loop: one line, never a hang (probes/inputs.py)
+    except inputs.InputError as e:  # a FIFO, /dev/zero, a loop: one line, never a hang (processes/inputs.py)
         raise SettingsError(f"--expected-skips {expected_skips}: {e}") from None
     except (OSError, ValueError) as e:
         raise SettingsError(f"--expected-skips: {e}") from None

@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from conformance.harness import WitnessSession
-from conformance.launch import HarnessError
-from conformance.observer import Seen
-from conformance.plan import PLANT, WRITE, Task
-from conformance.plugin import Settings, settings
-from conformance.profile import Caps, NetworkMode, Profile, expand
-from probes import mountinfo
-from probes.cgroupfs import PROMISE_ENV
+from sandbox_conformance.conformance.harness import WitnessSession
+from sandbox_conformance.conformance.launch import HarnessError
+from sandbox_conformance.conformance.observer import Seen
+from sandbox_conformance.conformance.plan import PLANT, WRITE, Task
+from sandbox_conformance.conformance.plugin import Settings, settings
+from sandbox_conformance.conformance.profile import Caps, NetworkMode, Profile, expand
+from sandbox_conformance.kernel import mountinfo
+from sandbox_conformance.kernel.cgroupfs import PROMISE_ENV
 
 witness = pytest.mark.witness
 PATH_FAMILIES: dict[str, tuple[str, Callable[[Profile], tuple[str, ...]]]] = {
@@ -959,7 +959,7 @@ def test_the_task_cannot_type_into_the_terminal_it_was_started_from(
 def _own_session_keyring() -> object:
     # The harness's session keyring (keyrings(7)), asked the way the task asked for its own, to say
     # whether the task's is the same one.
-    from conformance import inside
+    from sandbox_conformance.conformance import inside
 
     return inside.door_keyctl().get("returned")
 

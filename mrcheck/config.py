@@ -27,9 +27,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mrcheck.globs import GlobError, compile_glob, dead_glob_hint
-from probes import inputs
-from probes.exits import seconds_ok
+from sandbox_conformance.mrcheck.globs import GlobError, compile_glob, dead_glob_hint
+from sandbox_conformance.processes import inputs
+from sandbox_conformance.processes.exits import seconds_ok
 
 TABLE = "tool.sandbox-conformance"
 DEFAULT_TIMEOUT = 1800.0  # seconds: a whole witness run in container mode builds an image first
@@ -260,7 +260,7 @@ def load(root: Path, config: Path | None) -> Config:
             f"or pass --config FILE")
     try:
         # A regular file, read up to a bound: a FIFO, /dev/zero or a symlink loop is one line, never a
-        # hang or a traceback (probes/inputs.py).
+        # hang or a traceback (processes/inputs.py).
         text = inputs.read_text(path)
     except inputs.InputError as e:
         raise ConfigError(f"{path}: cannot read: {e}") from None
@@ -299,7 +299,7 @@ def _check_limits(tier: Tier, root: Path, where: str) -> None:
     """A cgroup tier runs only the cgroup witnesses, and the suite generates them only for a profile
     with a [limits] section (conformance/profile.py, Profile.promises): without one the tier would
     select nothing and could never say anything about the change."""
-    from conformance import profile as profile_mod
+    from sandbox_conformance.conformance import profile as profile_mod
 
     try:
         prof = profile_mod.load(None if tier.profile is None else root / tier.profile)

@@ -18,12 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from conformance.render import md_code
-from mrcheck.config import Tier
-from mrcheck.git import Change, Changes, Source
-from mrcheck.globs import matches
-from mrcheck.tiers import TierOutcome, TierResult, display_command
-from probes.exits import EXIT_OK
+from sandbox_conformance.conformance.render import md_code
+from sandbox_conformance.mrcheck.config import Tier
+from sandbox_conformance.mrcheck.git import Change, Changes, Source
+from sandbox_conformance.mrcheck.globs import matches
+from sandbox_conformance.mrcheck.tiers import TierOutcome, TierResult, display_command
+from sandbox_conformance.processes.exits import EXIT_OK
 
 SCHEMA = 1
 TOOL = "sandbox-conformance"

@@ -31,18 +31,18 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TypedDict
 
-from conformance.render import SAID_BELOW
-from mrcheck.config import Tier, TierKind
-from probes import cancel, owner
-from probes.exits import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
-from probes.finding import Finding
-from probes.run import Completed, Runner, run
-from runners import run_verdict
-from runners.run_verdict import RunVerdict
+from sandbox_conformance.conformance.render import SAID_BELOW
+from sandbox_conformance.mrcheck.config import Tier, TierKind
+from sandbox_conformance.probes.finding import Finding
+from sandbox_conformance.processes import cancel, owner
+from sandbox_conformance.processes.exits import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+from sandbox_conformance.processes.run import Completed, Runner, run
+from sandbox_conformance.runners import run_verdict
+from sandbox_conformance.runners.run_verdict import RunVerdict
 
 PROG = "sandbox-conformance"
 # The scratch directory a runner tier's verdict document is written to, with the owner's stamp so a
-# SIGKILLed mr-check's is swept by the next run (probes/owner.py SWEPT_PREFIXES).
+# SIGKILLed mr-check's is swept by the next run (processes/owner.py: `sbxc-KIND.` + the stamp).
 SCRATCH_PREFIX = "sbxc-mr-check."
 MODE_ENV = "SANDBOX_CONFORMANCE_MODE"  # commands/run.py reads the same variable
 TAIL_LINES = 20
@@ -163,7 +163,7 @@ def runner_env(verdict_file: Path | None = None) -> dict[str, str]:
         env["PYTHONPATH"] = os.pathsep.join([here, *parts])
     # The environment form of --verdict-json: a scratch file of ours, read back for the tier's result.
     # Not in the argv: it changes nothing the run checks (the printed command is the same), and a
-    # sweep kills a process whose command line names a dead owner's directory (probes/owner.py), which
+    # sweep kills a process whose command line names a dead owner's directory (processes/owner.py), which
     # a runner outliving a SIGKILLed mr-check by its orderly stop would be.
     env.pop(run_verdict.ENV, None)
     if verdict_file is not None:
@@ -174,7 +174,7 @@ def runner_env(verdict_file: Path | None = None) -> dict[str, str]:
 def runner_argv(tier: Tier, mode: str | None) -> list[str]:
     # -P: do not put the working directory (the user's repository) first on sys.path, so a
     # top-level `runners` or `probes` package of theirs cannot shadow ours (python(1), 3.11+).
-    return [sys.executable, "-P", "-m", "commands.cli", *runner_args(tier, mode)]
+    return [sys.executable, "-P", "-m", "sandbox_conformance", *runner_args(tier, mode)]
 
 
 _TEST_ID = re.compile(r"^(?:ERROR|FAILED) \S+::\S+")
@@ -302,8 +302,8 @@ def classify_runner(done: Completed, doc: RunVerdict | None) -> TierResult:
 # Every child of mr-check (the runner, a prepare step, a command tier) gets SIGTERM, not SIGKILL, as its
 # parent-death signal: killed with SIGKILL, mr-check runs no handler, and a runner child told SIGTERM
 # still stops in order (its witness child, container or VM, its layouts); the guardian SIGKILLs what
-# is left after its grace (probes/guardian.py). On SIGTERM/SIGINT/SIGHUP, probes.run stops each child
-# group the same way: SIGTERM, probes.run.STOP_GRACE, SIGKILL.
+# is left after its grace (processes/guardian.py). On SIGTERM/SIGINT/SIGHUP, processes.run stops each child
+# group the same way: SIGTERM, processes.run.STOP_GRACE, SIGKILL.
 run_child: Runner = functools.partial(run, die_with=signal.SIGTERM)
 
 CgroupProbe = Callable[[], Finding]
@@ -311,8 +311,8 @@ CgroupProbe = Callable[[], Finding]
 
 def cgroup_delegation() -> Finding:
     """This host's cgroup.delegation finding: the probe the harness itself asks (conformance/harness.py)."""
-    from probes.collect import collect
-    from probes.host import Host
+    from sandbox_conformance.probes.collect import collect
+    from sandbox_conformance.probes.host import Host
 
     [finding] = collect(Host(), only=["cgroup.delegation"])
     return finding
@@ -378,9 +378,9 @@ def runner_gate(mode: str | None) -> Gate:
     Calls the runner's pure decision over the same probes `sandbox-conformance run` collects, so a
     command tier is refused exactly where a witness tier would be (inside a sandbox, on a deployment
     host under auto, ...)."""
-    from probes.collect import collect
-    from probes.host import Host
-    from runners.decide import NEEDED, Mode, Request, decide
+    from sandbox_conformance.probes.collect import collect
+    from sandbox_conformance.probes.host import Host
+    from sandbox_conformance.runners.decide import NEEDED, Mode, Request, decide
 
     wanted = mode or os.environ.get("SANDBOX_CONFORMANCE_MODE") or "auto"
     try:
@@ -480,7 +480,7 @@ def run_runner_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = r
             done = runner(runner_argv(tier, mode), timeout=tier.timeout, env=runner_env(verdict_file),
                           cwd=str(root))
         except cancel.Cancelled:
-            # probes.run has stopped the runner (SIGTERM, its grace, SIGKILL) before re-raising: say how
+            # processes.run has stopped the runner (SIGTERM, its grace, SIGKILL) before re-raising: say how
             # it ended, as `run` shows its witness child's line, before this command's own KILLED line.
             stopped = run_verdict.read(verdict_file)
             print(f"{PROG} mr-check: tier {tier.name}: "

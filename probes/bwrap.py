@@ -15,9 +15,9 @@ import stat
 import threading
 from typing import NamedTuple
 
-from probes.finding import Finding, Verdict
-from probes.host import Host
-from probes.run import Completed, minimal_env
+from sandbox_conformance.probes.finding import Finding, Verdict
+from sandbox_conformance.probes.host import Host
+from sandbox_conformance.processes.run import Completed, minimal_env
 
 # Capability names by bit (<linux/capability.h>), for rendering security.capability like getcap.
 CAP_NAMES = (

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from probes import mountinfo
-from probes.cgroupfs import (
+from sandbox_conformance.kernel import mountinfo
+from sandbox_conformance.kernel.cgroupfs import (
     CGROUP2_SUPER_MAGIC,
     CGROUP_SUPER_MAGIC,
     PROMISE_ENV,
@@ -26,8 +26,8 @@ from probes.cgroupfs import (
     statfs_magic,
     v1_bound_controllers,
 )
-from probes.finding import Finding, Verdict
-from probes.host import Host
+from sandbox_conformance.probes.finding import Finding, Verdict
+from sandbox_conformance.probes.host import Host
 
 # systemd >= 251 marks a cgroup it delegated (Delegate=yes) with this xattr: trusted.* when the
 # system manager did it, user.* when a user manager did (docs/CGROUP_DELEGATION.md).

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple
 
-from probes.finding import Verdict
+from sandbox_conformance.probes.finding import Verdict
 
 
 class Rung(enum.StrEnum):

@@ -5,28 +5,29 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable
 
-from probes.finding import Finding, Verdict
-from probes.host import Host
-from probes.run import Background
+from sandbox_conformance.probes.finding import Finding, Verdict
+from sandbox_conformance.probes.host import Host
+from sandbox_conformance.processes.run import Background
 
 # probe module -> the probe ids it reports, in display order. The runner and the witness suite
 # depend on these ids.
 MODULES: dict[str, tuple[str, ...]] = {
-    "probes.platform": ("platform",),
-    "probes.bwrap": ("bwrap",),
-    "probes.ladder": ("userns", "userns.map", "netns", "pidns.proc", "disable_userns"),
-    "probes.cgroup": ("cgroup", "cgroup.delegation"),
-    "probes.sandboxed": ("sandboxed",),
-    "probes.deployment": ("deployment",),
-    "probes.container_engine": ("container_engine",),
-    "probes.systemd_user": ("systemd_user",),
+    "sandbox_conformance.probes.platform": ("platform",),
+    "sandbox_conformance.probes.bwrap": ("bwrap",),
+    "sandbox_conformance.probes.ladder": ("userns", "userns.map", "netns", "pidns.proc", "disable_userns"),
+    "sandbox_conformance.probes.cgroup": ("cgroup", "cgroup.delegation"),
+    "sandbox_conformance.probes.sandboxed": ("sandboxed",),
+    "sandbox_conformance.probes.deployment": ("deployment",),
+    "sandbox_conformance.probes.container_engine": ("container_engine",),
+    "sandbox_conformance.probes.systemd_user": ("systemd_user",),
 }
 PROBE_IDS: tuple[str, ...] = tuple(i for ids in MODULES.values() for i in ids)
 # Started first, in this order: the modules that wait on children (the ladder's combined trial, the
 # sandboxed probe's nested unshare, `bwrap --version`), so the others' imports overlap their launches.
 # The longest first: the combined trial (bwrap and a python3 in it) is a run's critical path, and
 # started before `bwrap --version` instead of after it, `probe --json` took ~4% less (bench/).
-LAUNCHES_FIRST = ("probes.ladder", "probes.sandboxed", "probes.bwrap")
+LAUNCHES_FIRST = ("sandbox_conformance.probes.ladder", "sandbox_conformance.probes.sandboxed",
+                  "sandbox_conformance.probes.bwrap")
 
 
 def _module_probe(name: str) -> Callable[[Host], list[Finding]]:

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from probes.errnos import errname
-from probes.finding import Finding, Verdict
-from probes.host import Host
-from probes.run import Completed
+from sandbox_conformance.kernel.errnos import errname
+from sandbox_conformance.probes.finding import Finding, Verdict
+from sandbox_conformance.probes.host import Host
+from sandbox_conformance.processes.run import Completed
 
 DOCKER_DEFAULT_SOCKET = "/var/run/docker.sock"  # the docker CLI's default, rootful or not
 CLI_TIMEOUT = 5.0

@@ -36,9 +36,9 @@ import pwd
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from probes import container_engine as engines
-from probes.finding import Finding, Verdict
-from probes.host import Host
+from sandbox_conformance.probes import container_engine as engines
+from sandbox_conformance.probes.finding import Finding, Verdict
+from sandbox_conformance.probes.host import Host
 
 ENV = "SANDBOX_CONFORMANCE_DEPLOYMENT_CONFIG"
 SYSTEM_FILE = "/etc/sandbox-conformance/deployment.toml"

@@ -32,11 +32,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from probes import bwrap as bwrap_probe
-from probes.classify import RUNGS, Cause, Rung, Signals, Step, TrialOutcome, classify, wsl_of
-from probes.finding import Finding
-from probes.host import Host
-from probes.run import Background, Completed, minimal_env
+from sandbox_conformance.probes import bwrap as bwrap_probe
+from sandbox_conformance.probes.classify import (
+    RUNGS,
+    Cause,
+    Rung,
+    Signals,
+    Step,
+    TrialOutcome,
+    classify,
+    wsl_of,
+)
+from sandbox_conformance.probes.finding import Finding
+from sandbox_conformance.probes.host import Host
+from sandbox_conformance.processes.run import Background, Completed, minimal_env
 
 INSIDE = Path(__file__).with_name("_inside_ladder.py")
 USER_INIT_INO = 0xEFFFFFFD  # PROC_USER_INIT_INO, <linux/proc_ns.h>

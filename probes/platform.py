@@ -17,9 +17,9 @@ import os
 import re
 from typing import NamedTuple
 
-from probes.classify import wsl_of
-from probes.finding import Finding, Verdict
-from probes.host import Host
+from sandbox_conformance.probes.classify import wsl_of
+from sandbox_conformance.probes.finding import Finding, Verdict
+from sandbox_conformance.probes.host import Host
 
 # <linux/proc_ns.h>: the inode numbers of the kernel's initial namespaces (stable since 3.8).
 INIT_INO = {"ipc": 0xEFFFFFFF, "uts": 0xEFFFFFFE, "user": 0xEFFFFFFD, "pid": 0xEFFFFFFC,

@@ -23,8 +23,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from probes.finding import Finding, Verdict
-from probes.host import Host
+from sandbox_conformance.probes.finding import Finding, Verdict
+from sandbox_conformance.probes.host import Host
 
 PROMISE_ENV = "SANDBOX_CONFORMANCE_SANDBOXED"
 IDENTITY_MAP = ("0", "0", "4294967295")  # the initial user namespace's map (user_namespaces(7))

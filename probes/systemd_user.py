@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from probes.finding import Finding, Verdict
-from probes.host import Host
+from sandbox_conformance.probes.finding import Finding, Verdict
+from sandbox_conformance.probes.host import Host
 
 # The Host's trial bound (probes/host.py). A manager answers in milliseconds on a real host, but
 # `systemctl --user show` alone took 1.7 s in a TCG guest with systemd 252 as PID 1 and more

@@ -1,8 +1,10 @@
 """The cgroup set-up step of container and VM modes: turn the cgroup2 mount we were given into a
 delegated root the cgroup witnesses can use, and say so only once a limit write has been proved.
 
-    python3 -m runners.cgroup_setup --in vm                 # prints SANDBOX_CONFORMANCE_CGROUP_ROOT=...
-    python3 -m runners.cgroup_setup --in container -- pytest ...   # runs pytest with it exported
+    python3 -m sandbox_conformance.runners.cgroup_setup --in vm
+        # prints SANDBOX_CONFORMANCE_CGROUP_ROOT=...
+    python3 -m sandbox_conformance.runners.cgroup_setup --in container -- pytest ...
+        # runs pytest with it exported
 
 Steps (Documentation/admin-guide/cgroup-v2.rst):
 1. /sys/fs/cgroup must be a cgroup2 mount (never a v1 or hybrid tmpfs); remount it read-write if a
@@ -33,10 +35,17 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from probes import mountinfo
-from probes.cgroupfs import PROMISE_ENV, CgroupFs, initial_cgroupns, mount_at, prove, v1_bound_controllers
-from probes.errnos import errname
-from probes.run import Runner, run
+from sandbox_conformance.kernel import mountinfo
+from sandbox_conformance.kernel.cgroupfs import (
+    PROMISE_ENV,
+    CgroupFs,
+    initial_cgroupns,
+    mount_at,
+    prove,
+    v1_bound_controllers,
+)
+from sandbox_conformance.kernel.errnos import errname
+from sandbox_conformance.processes.run import Runner, run
 
 CONTROLLERS = ("memory", "pids")  # what the task limits need (memory.max, memory.swap.max, pids.max)
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
@@ -192,7 +201,7 @@ class Setup:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m runners.cgroup_setup",
+    parser = argparse.ArgumentParser(prog="python3 -m sandbox_conformance.runners.cgroup_setup",
                                      description="Container/VM modes only: make a delegated cgroup v2 root.")
     parser.add_argument("--in", dest="mode", choices=[m.value for m in SetupMode],
                         help="where we are: required, so this never runs on a host by accident")

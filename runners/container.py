@@ -21,12 +21,12 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from probes import cancel, owner
-from probes.cgroupfs import PROMISE_ENV
-from probes.exits import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
-from probes.run import Completed, run
-from runners.progress import HEARTBEAT, Progress, result_word
-from runners.witness_args import WitnessOptions
+from sandbox_conformance.kernel.cgroupfs import PROMISE_ENV
+from sandbox_conformance.processes import cancel, owner
+from sandbox_conformance.processes.exits import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+from sandbox_conformance.processes.run import Completed, run
+from sandbox_conformance.runners.progress import HEARTBEAT, Progress, result_word
+from sandbox_conformance.runners.witness_args import WitnessOptions
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TAG = "sandbox-conformance:local"
@@ -35,7 +35,7 @@ DEFAULT_TAG = "sandbox-conformance:local"
 BASE_SCRIPT = REPO / "scripts" / "docker-base-image"
 PULL_TIMEOUT = 600.0
 BUILD_TIMEOUT = 1800.0
-NAME_PREFIX = "sandbox-conformance-"  # + the owner's stamp (probes/owner.py) + 8 hex
+NAME_PREFIX = "sandbox-conformance-"  # + the owner's stamp (processes/owner.py) + 8 hex
 # The Dockerfile's unprivileged user and the venv it prepares (keep in step with the Dockerfile).
 IMAGE_USER = "sbxc"
 IMAGE_VENV = "/opt/sandbox-conformance"
@@ -48,7 +48,8 @@ ENGINE_ENV = ("DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "DOCKER_TLS_VERI
 # environment; `docker exec` starts from the image's environment, so they are passed on by name.
 FORWARD_ENV = ("SANDBOX_CONFORMANCE_REQUIRE",)
 # The set-up step, run as root inside the container once the project is installed there.
-SETUP_ARGV = (f"{IMAGE_VENV}/bin/python", "-m", "runners.cgroup_setup", "--in", "container")
+SETUP_ARGV = (f"{IMAGE_VENV}/bin/python", "-m", "sandbox_conformance.runners.cgroup_setup", "--in",
+              "container")
 SETUP_TIMEOUT = 60
 
 
@@ -358,7 +359,7 @@ def run_container(engine: Engine, options: WitnessOptions, *, image: str, timeou
     owner.sweep_once()
     sweep_containers(engine, say)
     # The owner's stamp in both names: what a SIGKILL leaves is swept by the next run (the directory
-    # by any, the container by the next container-mode run with this engine: probes/owner.py).
+    # by any, the container by the next container-mode run with this engine: processes/owner.py).
     name = f"{NAME_PREFIX}{owner.stamp()}-{secrets.token_hex(4)}"
     rm_argv = [engine.path, "rm", "--force", name]
     with tempfile.TemporaryDirectory(prefix=f"sbxc-container.{owner.stamp()}.") as tmp:

@@ -25,7 +25,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from probes.finding import Finding, Verdict
+from sandbox_conformance.probes.finding import Finding, Verdict
 
 # Where the deployment probe looks for a signature; said in the note when none is configured.
 SIGNATURE_HINT = ("declare one in /etc/sandbox-conformance/deployment.toml, "

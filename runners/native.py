@@ -9,10 +9,10 @@ import signal
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from conformance.handover import GO, GUARD_PROBES, STANDBY_FLAG, handover
-from probes.finding import Finding
-from probes.run import Background, Completed, Forked, NotForkable, run
-from runners.witness_args import WitnessOptions
+from sandbox_conformance.conformance.handover import GO, GUARD_PROBES, STANDBY_FLAG, handover
+from sandbox_conformance.probes.finding import Finding
+from sandbox_conformance.processes.run import Background, Completed, Forked, NotForkable, run
+from sandbox_conformance.runners.witness_args import WitnessOptions
 
 # Native mode never builds a cgroup root and never rearranges the host's tree. An inherited
 # promise would make the cgroup witnesses fail on a root this run did not make (set and unusable is
@@ -26,7 +26,7 @@ DELEGATED_ENV = "SANDBOX_CONFORMANCE_DELEGATED"
 
 def witness_argv(options: WitnessOptions, *, python: str = sys.executable,
                  standby_fd: int | None = None) -> list[str]:
-    return [python, "-m", "commands.cli", "witness", *_witness_arguments(options, standby_fd)]
+    return [python, "-m", "sandbox_conformance", "witness", *_witness_arguments(options, standby_fd)]
 
 
 def _witness_arguments(options: WitnessOptions, standby_fd: int | None) -> list[str]:
@@ -46,7 +46,7 @@ def delegate_argv(run_argv: Sequence[str], *, systemd_run: str, python: str = sy
     return [systemd_run, "--user", "--quiet", "--collect", "-p", "Delegate=yes", "--pipe", "--wait",
             f"--setenv={DELEGATED_ENV}=1", f"--working-directory={os.getcwd()}",
             "--", *(unit_literal(a) for a in ("/bin/sh", "-c", ENTER_SUPERVISOR, "sh", python, "-m",
-                                               "commands.cli", "run", *run_argv))]
+                                               "sandbox_conformance", "run", *run_argv))]
 
 
 def unit_literal(arg: str) -> str:
@@ -86,8 +86,8 @@ class Standby:
     the pipe unsaid, and it exits 0 without a word.
 
     `witness_main` (the witness command's main, given its arguments): the child is a fork of this
-    process (probes/run.py Forked), which has the interpreter and much of the suite's imports ready;
-    without it, or with a thread running here, a fresh `python -m commands.cli witness`."""
+    process (processes/run.py Forked), which has the interpreter and much of the suite's imports ready;
+    without it, or with a thread running here, a fresh `python -m sandbox_conformance witness`."""
 
     def __init__(self, options: WitnessOptions, *, timeout: float, environ: Mapping[str, str] | None = None,
                  python: str = sys.executable,

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TextIO
 
-from probes.exits import VERDICT_WORDS
+from sandbox_conformance.processes.exits import VERDICT_WORDS
 
 # Seconds between "still running" lines of a long stage (a VM run or an image build is silent for
 # minutes).

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 VERSION = 1
 FLAG = "--verdict-json"
 ENV = "SANDBOX_CONFORMANCE_VERDICT_JSON"  # the environment form of FLAG
-# The words of the verdict line (commands/run.py), then KILLED-<SIGNAL> (probes/cancel.py).
+# The words of the verdict line (commands/run.py), then KILLED-<SIGNAL> (processes/cancel.py).
 WORDS = ("PASS", "FAIL", "REFUSED", "ERROR")
 
 

@@ -8,8 +8,8 @@ import argparse
 from collections.abc import Callable
 from typing import NamedTuple
 
-from conformance import output, promises
-from probes.exits import UsageError
+from sandbox_conformance.conformance import output, promises
+from sandbox_conformance.processes.exits import UsageError
 
 
 class WitnessOptions(NamedTuple):
@@ -99,8 +99,8 @@ def check(args: argparse.Namespace) -> None:
         promises.select(only, skip)
         if (only or skip) and not getattr(args, "adapter", None):
             # Only for a selection: the profile's parse (~30 ms of imports) stays off run's usual path.
-            from conformance import profile as profile_mod
-            from conformance import settings as settings_mod
+            from sandbox_conformance.conformance import profile as profile_mod
+            from sandbox_conformance.conformance import settings as settings_mod
 
             try:
                 prof = profile_mod.load(args.profile)

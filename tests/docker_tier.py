@@ -17,7 +17,7 @@ whatever is left under the temp dir, remove it.
 A cancelled `make test` (docs/cancellation.md): ^C, SIGTERM or SIGHUP stop pytest through a
 KeyboardInterrupt (tests/conftest.py), so this teardown runs. A SIGKILL runs nothing: dockerd gets
 SIGTERM from the kernel as its parent-death signal and stops its containers and containerd, and the
-temp dir and cgroup parent, both named with pytest's owner stamp (probes/owner.py), are swept by
+temp dir and cgroup parent, both named with pytest's owner stamp (processes/owner.py), are swept by
 the next tier that starts (`sweep_dead_tiers`), which says what it removed.
 
 Missing prerequisites (not root, no dockerd/docker/debootstrap) skip with that reason, which
@@ -40,8 +40,8 @@ from pathlib import Path
 
 import pytest
 
-from probes import owner
-from probes.run import Completed, die_with_parent, run
+from sandbox_conformance.processes import owner
+from sandbox_conformance.processes.run import Completed, die_with_parent, run
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("SANDBOX_CONFORMANCE_CACHE", "/var/cache/sandbox-conformance"))
@@ -246,7 +246,7 @@ def docker_tier_up() -> Iterator[DockerTier]:
                  "--exec-opt", "native.cgroupdriver=cgroupfs", "--cgroup-parent", f"/{cgroup_parent}"],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 # SIGTERM when pytest dies: dockerd then stops its containers and containerd. Started
-                # from pytest's main thread, which lives as long as the session (probes/run.py).
+                # from pytest's main thread, which lives as long as the session (processes/run.py).
                 preexec_fn=die_with_parent(signal.SIGTERM))
         _wait_for_daemon(docker, env, daemon, log)
         # The script a user runs offline (README, container mode): debootstrap, then `docker import`

@@ -30,9 +30,9 @@ from pathlib import Path
 import pytest
 from witness_cli import REPO, junit, witness
 
-from conformance import adapters, plan
-from conformance import profile as P
-from conformance.adapters import codex, srt
+from sandbox_conformance.conformance import adapters, plan
+from sandbox_conformance.conformance import profile as P
+from sandbox_conformance.conformance.adapters import codex, srt
 
 TEST_USER = os.environ.get("SANDBOX_CONFORMANCE_TEST_USER", "sbxc-test")
 
@@ -440,7 +440,8 @@ def test_a_proxy_that_lets_an_unlisted_name_through_is_red_by_the_proxy_witness(
     f = tmp_path / "reference-proxy.toml"
     f.write_text(text)
     launcher = shlex.join(
-        [sys.executable, "-m", "conformance.control_launchers.reference", "--offer-proxy", "--"]
+        [sys.executable, "-m", "sandbox_conformance.conformance.control_launchers.reference",
+         "--offer-proxy", "--"]
     )
     code, report, cases, stdout = run(tmp_path, "--profile", str(f), "--launcher", launcher)
     assert code == 1 and set(broken(report, None)) == {"network", "network_proxy"}, stdout
@@ -462,7 +463,7 @@ def witness_controls(*args: str) -> object:
     import subprocess
 
     return subprocess.run(
-        [sys.executable, "-m", "commands.cli", "controls", *args],
+        [sys.executable, "-m", "sandbox_conformance", "controls", *args],
         cwd=REPO,
         text=True,
         capture_output=True,

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from conformance import adapters
-from conformance.adapters import docker
+from sandbox_conformance.conformance import adapters
+from sandbox_conformance.conformance.adapters import docker
 
 if TYPE_CHECKING:
     from docker_tier import DockerTier
@@ -34,7 +34,7 @@ def test_docker_run_keeps_every_promise_of_its_flags(docker_tier: DockerTier, tm
     assert f"--host {docker_tier.host}" in r.launcher
     report = tmp_path / "r.json"
     done = subprocess.run(
-        [sys.executable, "-m", "commands.cli", "witness", *r.witness_args(), "--json", str(report)],
+        [sys.executable, "-m", "sandbox_conformance", "witness", *r.witness_args(), "--json", str(report)],
         cwd=REPO,
         text=True,
         capture_output=True,

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from witness_cli import junit, witness
 
-from conformance import adapters
-from conformance.adapters import oci, systemd_run
+from sandbox_conformance.conformance import adapters
+from sandbox_conformance.conformance.adapters import oci, systemd_run
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
@@ -269,8 +269,8 @@ def test_an_oci_launch_killed_on_timeout_leaves_no_container_behind(
     guardian must still delete it, so the harness's read of stdout ends and nothing is left."""
     import time
 
-    from conformance import layout
-    from probes.run import run
+    from sandbox_conformance.conformance import layout
+    from sandbox_conformance.processes.run import run
 
     r = oci_ready("crun", None)
     lay = layout.create()

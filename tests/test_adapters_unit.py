@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from conformance import adapters, profile
-from conformance.adapters import oci, unshare
+from sandbox_conformance.conformance import adapters, profile
+from sandbox_conformance.conformance.adapters import oci, unshare
 
 # ---- registry and shipped profiles ---------------------------------------------------------------
 
@@ -236,8 +236,8 @@ def test_runc_as_root_is_refused_because_it_would_write_host_cgroups() -> None:
 
 
 def test_the_systemd_run_prefix_carries_every_property_with_its_placeholders(tmp_path: Path) -> None:
-    from conformance.adapters import systemd_run
-    from conformance.launch import external
+    from sandbox_conformance.conformance.adapters import systemd_run
+    from sandbox_conformance.conformance.launch import external
 
     if systemd_run.shutil.which("systemd-run") is None:
         pytest.skip("systemd-run not installed")

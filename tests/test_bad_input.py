@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from commands import cli
-from probes import cancel
+from sandbox_conformance.commands import cli
+from sandbox_conformance.processes import cancel
 
 REFERENCE = Path(cli.__file__).resolve().parent.parent / "conformance" / "profiles" / "reference.toml"
 
@@ -182,7 +182,7 @@ def test_a_timeout_must_be_finite_positive_and_bounded(
 
 @pytest.mark.parametrize("value", ["inf", "nan", "1e308"])
 def test_a_tier_timeout_must_be_finite_and_bounded(tmp_path: Path, value: str) -> None:
-    from mrcheck import config
+    from sandbox_conformance.mrcheck import config
 
     cfg = tmp_path / "mr.toml"
     cfg.write_text(f'[[tool.sandbox-conformance.tiers]]\nname = "t"\nglobs = ["x/**"]\ntimeout = {value}\n'
@@ -229,14 +229,14 @@ def test_a_user_whose_primary_group_has_another_name_is_refused_up_front(
 
 def test_a_witness_launch_switches_to_the_primary_group_by_number() -> None:
     # witness and controls take such a user: setpriv gets the group's number, never its name.
-    from conformance.launch import as_user_prefix
+    from sandbox_conformance.conformance.launch import as_user_prefix
 
     user = _user_without_own_group()
     assert f"--regid={pwd.getpwnam(user).pw_gid}" in as_user_prefix(user)
 
 
 def test_a_probe_trial_switches_to_the_primary_group_by_number() -> None:
-    from probes.host import Host
+    from sandbox_conformance.probes.host import Host
 
     user = _user_without_own_group()
     prefix = Host(as_user=user).trial_prefix

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from probes import guardian, owner
-from probes.owner import Stamp
+from sandbox_conformance.processes import guardian, owner
+from sandbox_conformance.processes.owner import Stamp
 
 if TYPE_CHECKING:
     from docker_tier import DockerTier
@@ -41,7 +41,7 @@ pytest_plugins = ["docker_tier"]
 
 REPO = Path(__file__).resolve().parent.parent
 REAPER = Path(__file__).with_name("cancel_reaper.py")
-GUARDIAN = REPO / "probes" / "guardian.py"
+GUARDIAN = REPO / "processes" / "guardian.py"
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LINGER = 30.0  # the bounded wait for the run's processes to go
 KILLED = re.compile(r"^sandbox-conformance: KILLED-(SIG[A-Z]+) mode=(\S+) exit=(\d+) time=\d+\.\d+s$")
@@ -123,25 +123,31 @@ def test_the_sweep_kills_what_still_runs_from_a_dead_runs_directory(tmp_path: Pa
 
 
 def test_the_prefixes_swept_are_the_ones_the_modules_create() -> None:
-    from conformance import layout
-    from conformance.adapters import oci
+    from sandbox_conformance.conformance import layout
+    from sandbox_conformance.conformance.adapters import oci
 
     text = {f: (REPO / f).read_text() for f in ("runners/vm/mode.py", "runners/vm/qemu.py",
                                                  "runners/container.py",
                                                  "commands/controls.py")}
-    assert layout.TEMP_PREFIX in owner.SWEPT_PREFIXES and oci.WORKSPACE_PREFIX in owner.SWEPT_PREFIXES
+    def swept(prefix: str) -> bool:  # the shape the sweep knows (processes/owner.py OURS), stamped
+        return owner.owned(f"{prefix}{owner.mine()}-abc123")
+
+    assert swept(layout.TEMP_PREFIX) and swept(oci.WORKSPACE_PREFIX)
     for prefix, where in (("sbxc-vm.", "runners/vm/mode.py"), ("sbxc-kvm-trial-", "runners/vm/qemu.py"),
                           ("sbxc-container.", "runners/container.py"),
                           ("sbxc-controls-", "commands/controls.py")):
-        assert prefix in owner.SWEPT_PREFIXES and f'prefix=f"{prefix}{{owner.stamp()}}' in text[where], prefix
+        assert swept(prefix) and f'prefix=f"{prefix}{{owner.stamp()}}' in text[where], prefix
     # Named by a constant where they are made: srt's own directory, mr-check's verdict scratch.
-    from conformance.adapters import srt
-    from mrcheck import tiers as mr_tiers
+    from sandbox_conformance.conformance.adapters import srt
+    from sandbox_conformance.mrcheck import tiers as mr_tiers
 
     for prefix, const, where in ((srt.OWN_PREFIX, "OWN_PREFIX", "conformance/adapters/srt.py"),
                                  (mr_tiers.SCRATCH_PREFIX, "SCRATCH_PREFIX", "mrcheck/tiers.py")):
         made = (REPO / where).read_text()
-        assert prefix in owner.SWEPT_PREFIXES and f'prefix=f"{{{const}}}{{owner.stamp()}}' in made, prefix
+        assert swept(prefix) and f'prefix=f"{{{const}}}{{owner.stamp()}}' in made, prefix
+    # Not ours, so never swept: another tool's name, our prefix without a stamp, a stamp alone.
+    assert not any(owner.owned(n) for n in ("tmpabc", "sbxc-witness-abc", f"{owner.mine()}-x",
+                                             f"xsbxc-vm.{owner.mine()}"))
     lay = layout.create()
     try:
         assert owner.find(lay.root.name) == owner.mine()
@@ -168,7 +174,7 @@ def cgroup2_scratch(root_only: None) -> Iterator[Path]:
 
 
 def test_a_dead_runs_cgroup_leaf_is_killed_and_removed_and_a_live_ones_kept(cgroup2_scratch: Path) -> None:
-    from conformance import cgroup_leaf
+    from sandbox_conformance.conformance import cgroup_leaf
 
     dead = cgroup2_scratch / f"task-{_dead_stamp()}-1"
     live = cgroup2_scratch / cgroup_leaf.unique_name("task")
@@ -301,7 +307,7 @@ def _stamped(env: dict[str, str]) -> set[Path]:
     out = set()
     for d in dict.fromkeys([env["TMPDIR"], "/tmp", "/var/tmp"]):
         for p in Path(d).iterdir():
-            if p.name.startswith(owner.SWEPT_PREFIXES) and owner.find(p.name) is not None:
+            if owner.owned(p.name):
                 out.add(p)
     return out
 
@@ -374,7 +380,8 @@ def assert_killed_then_swept(e: Ended, before: set[Path], env: dict[str, str],
     for prefix in expect:
         assert any(p.name.startswith(prefix) for p in left), (prefix, left)
     # The next run: any witness run sweeps before it makes its layout (this one's launcher runs nothing).
-    nxt = subprocess.run([sys.executable, "-m", "commands.cli", "witness", "--launcher", "true"], cwd=REPO,
+    nxt = subprocess.run([sys.executable, "-m", "sandbox_conformance", "witness", "--launcher", "true"],
+                         cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=120)
     for p in left:
         assert not p.exists(), f"the next run left {p}"
@@ -457,7 +464,7 @@ def test_witness_with_an_external_launcher(sig: int, tmp_path: Path) -> None:
     launcher.chmod(0o755)
     env = _env(tmp_path)
     before = _stamped(env)
-    e = cancel_mid_run([sys.executable, "-m", "commands.cli", "witness", "--launcher", str(launcher),
+    e = cancel_mid_run([sys.executable, "-m", "sandbox_conformance", "witness", "--launcher", str(launcher),
                         "--timeout", "120"], sig=sig, ready=_sleeping(token), tmp=tmp_path, env=env)
     assert not processes_with(token)
     if sig == signal.SIGKILL:
@@ -476,7 +483,8 @@ def test_run_native_with_the_reference_bwrap_sandbox(sig: int, tmp_path: Path, s
     env = _env(tmp_path, bin_dir)
     before = _stamped(env)
     verdict = tmp_path / "verdict.json"
-    e = cancel_mid_run([sys.executable, "-m", "commands.cli", "run", "--mode", "native", "--timeout", "300",
+    e = cancel_mid_run([sys.executable, "-m", "sandbox_conformance", "run", "--mode", "native", "--timeout",
+                        "300",
                         "--verdict-json", str(verdict)],
                        sig=sig, ready=_sleeping(token), tmp=tmp_path, env=env)
     assert not processes_with(token)
@@ -509,7 +517,7 @@ def test_controls_mid_way_through_its_parallel_witness_runs(sig: int, tmp_path: 
     env = _env(tmp_path, bin_dir)
     before = _stamped(env)
 
-    e = cancel_mid_run([sys.executable, "-m", "commands.cli", "controls", "--only",
+    e = cancel_mid_run([sys.executable, "-m", "sandbox_conformance", "controls", "--only",
                         "mask_dropped,network_shared,pid_shared", "--jobs", "2", "--timeout", "300"],
                        sig=sig, ready=_sleeping(token, 2), tmp=tmp_path, env=env, ready_timeout=180)
     assert not processes_with(token)
@@ -543,7 +551,7 @@ def test_mr_check_stops_its_runner_child_in_order(sig: int, tmp_path: Path) -> N
     runner's parent-death signal) the subreaper sees the runner end with its own exit 143."""
     from test_mr_check import make_repo, write
 
-    from mrcheck import tiers as mr_tiers
+    from sandbox_conformance.mrcheck import tiers as mr_tiers
 
     gate = mr_tiers.runner_gate(None)
     if gate.mode != "native":
@@ -553,7 +561,7 @@ def test_mr_check_stops_its_runner_child_in_order(sig: int, tmp_path: Path) -> N
     def ready(top: int) -> bool:
         # The task sleeps, and mr-check's runner child is known (its pid, to judge how it ended).
         runner_child[:] = [pid for pid, words in _children(top)
-                           if ["commands.cli", "run"] in (words[i:i + 2] for i in range(len(words)))]
+                           if ["sandbox_conformance", "run"] in (words[i:i + 2] for i in range(len(words)))]
         return bool(processes_with(token)) and len(runner_child) == 1
 
     token = _token()
@@ -564,7 +572,7 @@ def test_mr_check_stops_its_runner_child_in_order(sig: int, tmp_path: Path) -> N
     write(repo / "src/sandbox/launch.py", "changed\n")
     env = _env(tmp_path)
     before = _stamped(env)
-    e = cancel_mid_run([sys.executable, "-m", "commands.cli", "mr-check", "-C", str(repo)], sig=sig,
+    e = cancel_mid_run([sys.executable, "-m", "sandbox_conformance", "mr-check", "-C", str(repo)], sig=sig,
                        ready=ready, tmp=tmp_path, env=env)
     assert not processes_with(token)
     runner_ended = "sandbox-conformance: KILLED-SIGTERM mode=native exit=143 time="
@@ -600,7 +608,7 @@ def _children(pid: int) -> list[tuple[int, list[str]]]:
 
 
 def _oci_or_skip() -> str:
-    from conformance import adapters
+    from sandbox_conformance.conformance import adapters
 
     if os.geteuid() != 0:
         pytest.skip("the crun adapter runs as root here (rootless crun refuses this hybrid host)")
@@ -616,14 +624,14 @@ def _oci_or_skip() -> str:
 def test_witness_through_the_oci_adapter(sig: int, tmp_path: Path) -> None:
     """The container crun runs is in a session of its own: the adapter's guardian deletes it and the
     bundle when its launcher dies, however it died."""
-    from conformance import adapters
+    from sandbox_conformance.conformance import adapters
 
     prefix = _oci_or_skip()
     token = _token()
     launcher = f"{prefix} sh -c 'sleep {token}; exec \"$@\"' sh"
     env = _env(tmp_path)
     before = _stamped(env)
-    e = cancel_mid_run([sys.executable, "-m", "commands.cli", "witness", "--profile",
+    e = cancel_mid_run([sys.executable, "-m", "sandbox_conformance", "witness", "--profile",
                         str(adapters.profile_path("oci.toml")), "--launcher", launcher, "--launcher-spec",
                         "--launcher-stdin", "--timeout", "120"],
                        sig=sig, ready=_sleeping(token), tmp=tmp_path, env=env)
@@ -681,7 +689,7 @@ def test_run_container_mode(sig: int, tmp_path: Path, docker_tier: DockerTier) -
     env = {**docker_tier.env, **_env(tmp_path), "HOME": docker_tier.env["HOME"]}
     before, cgroups_before = _stamped(env), set(_tier_cgroups(docker_tier))
     launcher = f"sh -c 'sleep {token}; exec \"$@\"' sh"
-    e = cancel_mid_run([sys.executable, "-m", "commands.cli", "run", "--mode", "container",
+    e = cancel_mid_run([sys.executable, "-m", "sandbox_conformance", "run", "--mode", "container",
                         "--base-image", docker_tier.base, "--launcher", launcher],
                        sig=sig, ready=_sleeping(token), tmp=tmp_path, env=env, ready_timeout=900)
     deadline = time.monotonic() + 30  # the guardian's `docker rm` (SIGKILL) is not the run's descendant
@@ -698,7 +706,7 @@ def test_run_container_mode(sig: int, tmp_path: Path, docker_tier: DockerTier) -
 
 
 def test_a_dead_runs_container_is_swept_and_a_live_runs_kept(docker_tier: DockerTier) -> None:
-    from runners import container
+    from sandbox_conformance.runners import container
 
     engine = container.Engine("docker", docker_tier.docker, docker_tier.env)
     names = {"dead": f"{container.NAME_PREFIX}{_dead_stamp()}-aaaa",
@@ -721,7 +729,7 @@ def test_a_dead_runs_container_is_swept_and_a_live_runs_kept(docker_tier: Docker
 
 
 def _vm_image_or_skip() -> None:
-    from runners.vm import image as vm_image
+    from sandbox_conformance.runners.vm import image as vm_image
 
     if os.geteuid() != 0:
         pytest.skip("VM mode shares the host's / with passthrough ownership: root only here")
@@ -739,7 +747,7 @@ def _vm_image_or_skip() -> None:
 def test_run_vm_mode(sig: int, tmp_path: Path) -> None:
     """Signalled once the guest has started the suite (stage 2 wrote boot_seconds): qemu must go with
     the run, and its scratch directory in /var/tmp with it (SIGTERM) or with the next run (SIGKILL)."""
-    from runners.vm.qemu import qemu_pids
+    from sandbox_conformance.runners.vm.qemu import qemu_pids
 
     _vm_image_or_skip()
     env = _env(tmp_path)
@@ -749,7 +757,8 @@ def test_run_vm_mode(sig: int, tmp_path: Path) -> None:
         ours = Path("/var/tmp").glob(f"sbxc-vm.o{top}.*")
         return any((p / ".sbxc-vm" / "boot_seconds").exists() for p in ours)
 
-    e = cancel_mid_run([sys.executable, "-m", "commands.cli", "run", "--mode", "vm", "--timeout", "300"],
+    e = cancel_mid_run([sys.executable, "-m", "sandbox_conformance", "run", "--mode", "vm", "--timeout",
+                        "300"],
                        sig=sig, ready=guest_started, tmp=tmp_path, env=env, ready_timeout=180, settle=2.0)
     assert not qemu_pids(f"sbxc-vm.o{e.top}."), "qemu outlived the run"
     if sig == signal.SIGKILL:

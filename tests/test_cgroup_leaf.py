@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cgroup_leaf import (
+from sandbox_conformance.conformance.cgroup_leaf import (
     ENTER_FAILED,
     CgroupError,
     KillMethod,
@@ -24,7 +24,7 @@ from conformance.cgroup_leaf import (
     parse_keyed,
     task_leaf,
 )
-from probes.cgroupfs import CgroupFs
+from sandbox_conformance.kernel.cgroupfs import CgroupFs
 
 INTERFACE = {"cgroup.procs": "", "cgroup.events": "populated 0\nfrozen 0\n", "cgroup.freeze": "0",
              "cgroup.kill": "", "memory.max": "max", "memory.swap.max": "max", "pids.max": "max",

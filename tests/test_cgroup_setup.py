@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from probes import mountinfo as mountinfo_mod
-from probes.cgroupfs import PROOF_LIMIT, CgroupFs, mount_at
-from probes.run import Completed
-from runners import cgroup_setup
-from runners.cgroup_setup import Setup, SetupError, SetupMode, is_kernel_thread
+from sandbox_conformance.kernel import mountinfo as mountinfo_mod
+from sandbox_conformance.kernel.cgroupfs import PROOF_LIMIT, CgroupFs, mount_at
+from sandbox_conformance.processes.run import Completed
+from sandbox_conformance.runners import cgroup_setup
+from sandbox_conformance.runners.cgroup_setup import Setup, SetupError, SetupMode, is_kernel_thread
 
 REPO = Path(__file__).resolve().parent.parent
 KTHREAD_STAT = "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 8 0 0"
@@ -243,7 +243,8 @@ def test_a_refused_setup_still_runs_the_command_but_without_a_root():
     """`-- CMD`: the rest of the suite must run when the cgroup witnesses cannot (they then skip with
     the probe's reason). On this host the vm guard refuses before any write."""
     env = {"PATH": "/usr/bin:/bin", "SANDBOX_CONFORMANCE_CGROUP_ROOT": "/inherited"}
-    done = subprocess.run([sys.executable, "-m", "runners.cgroup_setup", "--in", "vm", "--",
+    done = subprocess.run([sys.executable, "-m", "sandbox_conformance.runners.cgroup_setup", "--in", "vm",
+                           "--",
                            "/bin/sh", "-c", 'echo "root=${SANDBOX_CONFORMANCE_CGROUP_ROOT-unset}"; exit 3'],
                           capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
     assert done.returncode == 3

@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from conformance import cgroup_leaf, harness, plan
-from conformance import profile as profile_mod
+from sandbox_conformance.conformance import cgroup_leaf, harness, plan
+from sandbox_conformance.conformance import profile as profile_mod
 
 
 def test_the_trials_are_sized_from_the_profiles_limits_not_the_leafs() -> None:
@@ -88,7 +88,7 @@ class _MarkerLeaf:
 
     def __init__(self, marker: Path) -> None:
         self.marker = marker
-        self.path = marker.parent  # named in the kill ledger (probes/kills.py), as a leaf's path is
+        self.path = marker.parent  # named in the kill ledger (processes/kills.py), as a leaf's path is
 
     def procs(self) -> list[int]:
         return []

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance import bwrap_argv
-from conformance import profile as P
-from conformance.layout import layout
+from sandbox_conformance.conformance import bwrap_argv
+from sandbox_conformance.conformance import profile as P
+from sandbox_conformance.conformance.layout import layout
 
 REPO = Path(__file__).resolve().parent.parent
 MINIMAL = '[profile]\nname = "t"\n[network]\nmode = "none"\n'
@@ -153,7 +153,7 @@ def test_the_layout_is_removed_even_when_the_body_raises() -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "commands.cli", "witness", *args],
+        [sys.executable, "-m", "sandbox_conformance", "witness", *args],
         cwd=REPO,
         text=True,
         capture_output=True,

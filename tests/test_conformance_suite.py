@@ -18,9 +18,16 @@ import psutil
 import pytest
 from witness_cli import junit, witness
 
-from conformance import profile
-from conformance.launch import HarnessError, Launcher, LauncherKind, external, launch, parse_document
-from probes.run import Completed
+from sandbox_conformance.conformance import profile
+from sandbox_conformance.conformance.launch import (
+    HarnessError,
+    Launcher,
+    LauncherKind,
+    external,
+    launch,
+    parse_document,
+)
+from sandbox_conformance.processes.run import Completed
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.integration
@@ -28,7 +35,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def reference_ready(root_only: None, bwrap_path: str) -> None:
-    from conformance.guard import findings
+    from sandbox_conformance.conformance.guard import findings
 
     f = findings(None)["disable_userns"]
     if not f.ok:
@@ -39,8 +46,8 @@ def expected_skip_file(tmp_path: Path, as_user: str | None = None) -> tuple[Path
     """The skips justified on this host, and how many promise families they leave untested: none where
     the probes pass, except the cgroup witnesses where the cgroup.delegation probe finds no usable
     root (they run for real in the VM tier, tests/test_vm.py)."""
-    from conformance.controls import HARNESS_ENFORCED
-    from conformance.guard import findings
+    from sandbox_conformance.conformance.controls import HARNESS_ENFORCED
+    from sandbox_conformance.conformance.guard import findings
 
     lines = ["# no witness skip is justified on a host where the probes pass"]
     untested = 0
@@ -136,7 +143,7 @@ def no_limits_profile(tmp_path: Path) -> Path:
     launcher that promises limits it does not apply goes red on them (conformance/test_witnesses.py)."""
     from importlib import resources
 
-    text = (resources.files("conformance") / "profiles" / "reference.toml").read_text()
+    text = (resources.files("sandbox_conformance.conformance") / "profiles" / "reference.toml").read_text()
     f = tmp_path / "no-limits.toml"
     f.write_text(text[: text.index("[limits]")])
     return f
@@ -544,8 +551,8 @@ def test_a_task_started_early_is_the_one_the_witnesses_get(reference_ready: None
     """WitnessSession.start() (the witness command launches the main task while pytest imports):
     task() then waits for that launch instead of making a second one, and it is a live task the host
     saw (its observations and the host's view of its process)."""
-    from conformance import profile
-    from conformance.harness import WitnessSession
+    from sandbox_conformance.conformance import profile
+    from sandbox_conformance.conformance.harness import WitnessSession
 
     with WitnessSession(profile.load()) as session:
         session.start()
@@ -560,8 +567,8 @@ def test_a_session_closed_with_its_launch_unasked_waits_for_it_and_leaves_nothin
         reference_ready: None) -> None:
     """A witness run that never reached its tests (cancelled, or every witness deselected) still
     waits for the launch it started before its layout goes, and nothing of it is left."""
-    from conformance import profile
-    from conformance.harness import WitnessSession
+    from sandbox_conformance.conformance import profile
+    from sandbox_conformance.conformance.harness import WitnessSession
 
     with WitnessSession(profile.load()) as session:
         session.start()

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from commands import controls as controls_cmd
-from conformance import controls
-from conformance.controls import Control
-from conformance.controls_judge import ControlStatus
+from sandbox_conformance.commands import controls as controls_cmd
+from sandbox_conformance.conformance import controls
+from sandbox_conformance.conformance.controls import Control
+from sandbox_conformance.conformance.controls_judge import ControlStatus
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.integration
@@ -52,7 +52,7 @@ def run_controls(
     if tmpdir is not None:
         env["TMPDIR"] = str(tmpdir)
     done = subprocess.run(
-        [sys.executable, "-m", "commands.cli", "controls", "--json", *args],
+        [sys.executable, "-m", "sandbox_conformance", "controls", "--json", *args],
         cwd=REPO,
         text=True,
         capture_output=True,
@@ -112,7 +112,7 @@ def test_every_control_reddens_exactly_its_witnesses_and_every_witness_is_covere
 
 
 def _judge_real(chosen: list[Control]) -> controls_cmd.ControlsReport:
-    from conformance.guard import findings
+    from sandbox_conformance.conformance.guard import findings
 
     f = findings(None)["disable_userns"]
     with tempfile.TemporaryDirectory(prefix="sbxc-controls-") as tmp:
@@ -163,7 +163,7 @@ def test_where_the_reference_sandbox_cannot_run_the_command_refuses_with_75(
 ) -> None:
     # Inside `bwrap --unshare-user --disable-userns` no user namespace can be created, so the baseline's
     # reference sandbox cannot start: nothing can be controlled, and that is not a red run.
-    from conformance.guard import findings
+    from sandbox_conformance.conformance.guard import findings
 
     f = findings(None)["disable_userns"]
     if not f.ok:
@@ -171,7 +171,7 @@ def test_where_the_reference_sandbox_cannot_run_the_command_refuses_with_75(
     done = subprocess.run(
         [
             *(bwrap_path, "--unshare-user", "--disable-userns", "--dev-bind", "/", "/", "--proc", "/proc"),
-            *("--", sys.executable, "-m", "commands.cli", "controls"),
+            *("--", sys.executable, "-m", "sandbox_conformance", "controls"),
         ],
         cwd=REPO,
         text=True,

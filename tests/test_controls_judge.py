@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from commands import controls as controls_cmd
-from conformance import bwrap_argv, controls
-from conformance import controls_judge as j
-from conformance import test_witnesses as witness_module
-from conformance.controls import Collateral, Control, Needs
-from conformance.controls_judge import ControlOutcome, ControlStatus
-from probes.exits import EXIT_FAIL, EXIT_OK, Refusal, UsageError
-from probes.run import Completed
+from sandbox_conformance.commands import controls as controls_cmd
+from sandbox_conformance.conformance import bwrap_argv, controls
+from sandbox_conformance.conformance import controls_judge as j
+from sandbox_conformance.conformance import test_witnesses as witness_module
+from sandbox_conformance.conformance.controls import Collateral, Control, Needs
+from sandbox_conformance.conformance.controls_judge import ControlOutcome, ControlStatus
+from sandbox_conformance.processes.exits import EXIT_FAIL, EXIT_OK, Refusal, UsageError
+from sandbox_conformance.processes.run import Completed
 
 A, B, C, D = "test_a[x]", "test_b", "test_c", "test_d"
 

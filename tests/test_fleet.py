@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from fleet_ansible import BIN, REPO, Controller, by, missing, read_json, sections, write_json
 
-from commands import fleet_report
-from probes.run import Completed, run
-from runners.container import security_flags
+from sandbox_conformance.commands import fleet_report
+from sandbox_conformance.processes.run import Completed, run
+from sandbox_conformance.runners.container import security_flags
 
 if TYPE_CHECKING:
     from docker_tier import DockerTier
@@ -503,7 +503,7 @@ def test_the_modules_documentation_is_valid(controller: Controller) -> None:
 
 def test_the_cli_needs_nothing_but_the_checkout(mixed_fleet: Path) -> None:
     """The playbook renders with the controller's python from a bare checkout (no venv, no deps)."""
-    c = run(["/usr/bin/python3", "-B", "-s", "-m", "commands.cli", "fleet-report", str(mixed_fleet)],
+    c = run(["/usr/bin/python3", "-B", "-s", "-m", "sandbox_conformance", "fleet-report", str(mixed_fleet)],
             timeout=60, cwd=str(REPO), env={"PATH": os.environ.get("PATH", ""), "LANG": "C.UTF-8"})
     assert c.returncode == 0, c.stderr
     assert c.stdout.startswith("fleet: 4 hosts")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from commands import cli
+from sandbox_conformance.commands import cli
 
 REPO = Path(__file__).resolve().parent.parent
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -45,7 +45,7 @@ def test_a_full_disk_where_the_run_writes_is_one_line_and_exit_2_before_any_work
     full = tmp_path / "full"
     full.mkdir()
     words, named = COMMANDS[case]
-    argv = [sys.executable, "-m", "commands.cli", *(w.format(full=full) for w in words)]
+    argv = [sys.executable, "-m", "sandbox_conformance", *(w.format(full=full) for w in words)]
     env = {"PATH": BASE_PATH, "LANG": "C.UTF-8", "HOME": str(tmp_path), "FULL": str(full),
            "TMPDIR": str(full) if named == "TMPDIR" else str(tmp_path)}
     done = subprocess.run(["unshare", "-m", "sh", "-c", FULL, "sh", *argv], cwd=REPO, env=env, text=True,
@@ -60,7 +60,7 @@ def test_a_full_disk_where_the_run_writes_is_one_line_and_exit_2_before_any_work
 
 def test_a_disk_that_fills_during_the_run_is_a_harness_error_naming_enospc_and_the_path(
         monkeypatch, capsys) -> None:
-    from conformance import layout
+    from sandbox_conformance.conformance import layout
 
     def full(*_a: object, **_kw: object) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/tmp/sbxc-witness-x/.env")

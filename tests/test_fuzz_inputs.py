@@ -52,7 +52,7 @@ def _profiles(tmp: Path) -> list[Path]:
 
 
 def _bad_profile(p: Path) -> bool:
-    from conformance import profile
+    from sandbox_conformance.conformance import profile
 
     try:
         profile.load(p)

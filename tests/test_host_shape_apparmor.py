@@ -33,10 +33,10 @@ from typing import Any
 
 import pytest
 
-from probes import owner
-from runners.vm import image as vm_image
-from runners.vm import qemu as vm
-from runners.vm.qemu import VmResult, run_in_vm
+from sandbox_conformance.processes import owner
+from sandbox_conformance.runners.vm import image as vm_image
+from sandbox_conformance.runners.vm import qemu as vm
+from sandbox_conformance.runners.vm.qemu import VmResult, run_in_vm
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = Path(__file__).resolve().parent / "host_shape_lab/apparmor_host.py"
@@ -98,7 +98,7 @@ def apparmor_boot(test_user: str) -> Boot:
     deps = _deps()
     image = vm_image.load_image(Path(deps["image"]))
     # Under /var/tmp (the host's /, seen by the guest), with the owner's stamp: a SIGKILLed session's
-    # leftover is swept by the next run (probes/owner.py, prefix sbxc-vm.).
+    # leftover is swept by the next run (processes/owner.py, prefix sbxc-vm.).
     work = Path(tempfile.mkdtemp(prefix=f"sbxc-vm.{owner.stamp()}.lab-apparmor.", dir="/var/tmp"))
     work.chmod(0o711)
     try:

@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from probes import owner
-from probes.classify import Cause, Rung, Signals, Step, TrialOutcome, classify
-from probes.finding import Verdict
-from runners.vm import image as vm_image
-from runners.vm import qemu as vm
-from runners.vm.qemu import SystemdGuest, VmResult, run_in_vm
+from sandbox_conformance.probes.classify import Cause, Rung, Signals, Step, TrialOutcome, classify
+from sandbox_conformance.probes.finding import Verdict
+from sandbox_conformance.processes import owner
+from sandbox_conformance.runners.vm import image as vm_image
+from sandbox_conformance.runners.vm import qemu as vm
+from sandbox_conformance.runners.vm.qemu import SystemdGuest, VmResult, run_in_vm
 
 if TYPE_CHECKING:
     from docker_tier import DockerTier
@@ -98,7 +98,7 @@ def _boot(name: str, script: str, args: list[str], *, timeout: float,
     """prepare(workdir): puts what the guest needs into the share before the boot (removed with it)."""
     image = _image()
     # Under /var/tmp (the host's /, seen by the guest), with the owner's stamp: a SIGKILLed session's
-    # leftover is swept by the next run (probes/owner.py, prefix sbxc-vm.).
+    # leftover is swept by the next run (processes/owner.py, prefix sbxc-vm.).
     work = Path(tempfile.mkdtemp(prefix=f"sbxc-vm.{owner.stamp()}.lab-{name}.", dir="/var/tmp"))
     work.chmod(0o711)  # the guest's unprivileged user reaches its report directory (out/, 1777) through it
     files: dict[str, str] = {}

@@ -1,6 +1,6 @@
 """A launcher that a signal ended says which signal, and whether the harness sent it (issue 28: under
 load a launcher ended `exited 137; stderr: (empty)`, and nothing said who sent that SIGKILL).
-probes/kills.py records every signal this process sends to end another, with why."""
+processes/kills.py records every signal this process sends to end another, with why."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from conformance import observer
-from conformance.launch import HarnessError, parse_document
-from probes import kills
-from probes.run import run
+from sandbox_conformance.conformance import observer
+from sandbox_conformance.conformance.launch import HarnessError, parse_document
+from sandbox_conformance.processes import kills
+from sandbox_conformance.processes.run import run
 
 
 def _error(argv: list[str], **kw: object) -> str:

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from probes import bwrap as bwrap_probe
-from probes import ladder
-from probes.classify import (
+from sandbox_conformance.probes import bwrap as bwrap_probe
+from sandbox_conformance.probes import ladder
+from sandbox_conformance.probes.classify import (
     RUNGS,
     Cause,
     Rung,
@@ -29,9 +29,9 @@ from probes.classify import (
     classify,
     wsl_of,
 )
-from probes.finding import Finding, Verdict
-from probes.host import Host
-from probes.run import Completed
+from sandbox_conformance.probes.finding import Finding, Verdict
+from sandbox_conformance.probes.host import Host
+from sandbox_conformance.processes.run import Completed
 
 S, D, U, UNK = Verdict.supported, Verdict.denied, Verdict.unsupported, Verdict.unknown
 ROOT_CAPS = "000001ffffffffff"
@@ -793,7 +793,7 @@ def test_gathered_signals_from_a_fake_docker_host(tmp_path: Path) -> None:
 ])
 def test_the_inside_program_json_round_trips(value: Any) -> None:
     """The trial program writes JSON by hand (json's import costs a third of its start-up)."""
-    from probes import _inside_ladder
+    from sandbox_conformance.probes import _inside_ladder
 
     assert json.loads(_inside_ladder.dumps(value)) == value
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from probes import ladder
-from probes.classify import RUNGS
-from probes.finding import Finding, Verdict
-from probes.host import Host
-from probes.run import run
+from sandbox_conformance.probes import ladder
+from sandbox_conformance.probes.classify import RUNGS
+from sandbox_conformance.probes.finding import Finding, Verdict
+from sandbox_conformance.probes.host import Host
+from sandbox_conformance.processes.run import run
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent
@@ -79,8 +79,8 @@ def test_as_the_test_user_through_setpriv(test_user: str, bwrap_path: str) -> No
 
 INSIDE_PROBE = (
     "import json, sys\n"
-    "from probes import ladder\n"
-    "from probes.host import Host\n"
+    "from sandbox_conformance.probes import ladder\n"
+    "from sandbox_conformance.probes.host import Host\n"
     "print(json.dumps([f.to_json() for f in ladder.probe(Host())]))\n"
 )
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from witness_cli import REPO, junit, witness
 
-from conformance import handover as handover_mod
-from conformance import plan
-from conformance.profile import PLACEHOLDERS, Filesystem, Profile
-from probes.finding import Finding, Verdict
+from sandbox_conformance.conformance import handover as handover_mod
+from sandbox_conformance.conformance import plan
+from sandbox_conformance.conformance.profile import PLACEHOLDERS, Filesystem, Profile
+from sandbox_conformance.probes.finding import Finding, Verdict
 
 WORKDIR_START = "test_the_task_starts_in_its_working_directory"
 
@@ -84,11 +84,11 @@ def test_the_placeholders_are_listed_identically_in_readme_help_and_code() -> No
     assert listed is not None, "README.md lost its placeholder list"
     assert re.findall(r"`\{(\w+)\}`", listed.group(1)) == list(PLACEHOLDERS)
     helptext = subprocess.run(
-        [sys.executable, "-m", "commands.cli", "witness", "--help"], capture_output=True, text=True,
+        [sys.executable, "-m", "sandbox_conformance", "witness", "--help"], capture_output=True, text=True,
         timeout=60, cwd=REPO, env={"PATH": os.environ["PATH"], "COLUMNS": "400"},
     ).stdout
     assert all("{" + p + "}" in helptext for p in PLACEHOLDERS), helptext
-    from conformance.layout import create, remove
+    from sandbox_conformance.conformance.layout import create, remove
 
     lay = create()
     try:
@@ -173,8 +173,8 @@ def test_a_launcher_exiting_75_is_one_did_not_run_with_its_reason_and_exit_75(tm
 
 
 def test_exit_75_is_sandbox_unavailable_and_any_other_exit_a_harness_error() -> None:
-    from conformance.launch import HarnessError, SandboxUnavailable, parse_document
-    from probes.run import Completed
+    from sandbox_conformance.conformance.launch import HarnessError, SandboxUnavailable, parse_document
+    from sandbox_conformance.processes.run import Completed
 
     def done(code: int) -> Completed:
         return Completed(argv=("x",), returncode=code, stdout="", stderr="needs a VM\n", seconds=0.1)
@@ -194,7 +194,7 @@ def test_no_live_task_seen_names_host_cannot_observe_as_the_way_on(tmp_path: Pat
     launcher.write_text(
         f"#!{sys.executable}\n"
         "import os, sys\n"
-        "from conformance.plan import plan_of, with_plan\n"
+        "from sandbox_conformance.conformance.plan import plan_of, with_plan\n"
         "program = sys.stdin.read()\n"
         "plan = plan_of(program)\n"
         "plan['tag'] = 'hide' + plan['tag'][4:]\n"
@@ -278,7 +278,7 @@ def test_a_command_only_launcher_with_a_named_layout_gets_the_reference_launcher
     # suite with a profile that names the layout like the platform's own, and the verdicts are the
     # reference launcher's. Ours finds its paths where it runs and from the task id in its argv (as a
     # platform's sandbox knows its own); it is the reference sandbox built by another process.
-    from conformance.guard import findings
+    from sandbox_conformance.conformance.guard import findings
 
     # Without [limits] (its last section): the cgroup leaf an external launcher must give is another
     # promise, which the reference launcher skips where there is no cgroup root.
@@ -287,7 +287,8 @@ def test_a_command_only_launcher_with_a_named_layout_gets_the_reference_launcher
     prof.write_text(reference + NAMED)
     seen = tmp_path / "seen"
     disable = ["--disable-userns"] if findings(None)["disable_userns"].ok else []
-    inner = [sys.executable, "-m", "conformance.control_launchers.reference", "--task={task_id}",
+    inner = [sys.executable, "-m", "sandbox_conformance.conformance.control_launchers.reference",
+             "--task={task_id}",
              "--user=maria", *disable, "--"]
     record = f'{{ env; printf "CWD %s\\nARGV %s\\n" "$PWD" "$*"; }} >> {seen}'
     recorder = _recording_launcher(tmp_path, record)
@@ -333,7 +334,7 @@ def test_a_read_write_mount_whose_writes_something_else_refuses_is_named_a_contr
     # Issue 29: /usr bound read-write, every write there refused by a Landlock ruleset with EACCES, which
     # this profile accepts. The mount table and the task's behaviour disagree: still BROKEN (a call the
     # ruleset does not see may write), and the finding says which disagreement it is.
-    from conformance.guard import findings
+    from sandbox_conformance.conformance.guard import findings
 
     text = (REPO / "conformance" / "profiles" / "reference.toml").read_text()
     text = text.replace('absent = ["{neighbour_control}", "{other_user}"]\n',
@@ -341,7 +342,8 @@ def test_a_read_write_mount_whose_writes_something_else_refuses_is_named_a_contr
     prof = tmp_path / "p.toml"
     prof.write_text(text.split("\n[limits]")[0])
     disable = ["--disable-userns"] if findings(None)["disable_userns"].ok else []
-    words = [sys.executable, "-m", "conformance.control_launchers.reference", "--task={task_id}", *disable,
+    words = [sys.executable, "-m", "sandbox_conformance.conformance.control_launchers.reference",
+             "--task={task_id}", *disable,
              "--append=--bind", "--append=/usr", "--append=/usr", "--landlock-refuse=/usr", "--"]
     launcher = " ".join(words)
     done = witness("--profile", str(prof), "--launcher", launcher, "--only", "read_only")

@@ -1,24 +1,29 @@
-"""The packages are layers, and imports go one way (docs/architecture.md): probes ← conformance ←
-runners ← mrcheck ← commands. A module may import its own layer and the ones below, never above,
+"""The packages are layers, and imports go one way (docs/architecture.md): kernel ← processes ←
+probes ← conformance ← runners ← mrcheck ← commands, all under the one installed name
+`sandbox_conformance` (issue 30): an import of a bare `probes` or `commands` would be a user's own.
+A module may import its own layer and the ones below, never above,
 not even lazily inside a function; the programs that run inside a sandbox or a guest import nothing
 of ours at all (they run under `python3 -I -S`, with only the stdlib)."""
 
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-LAYERS = ("probes", "conformance", "runners", "mrcheck", "commands")
+NAME = "sandbox_conformance"
+LAYERS = ("kernel", "processes", "probes", "conformance", "runners", "mrcheck", "commands")
 # Copied into a sandbox, a container or a guest and run there alone (each says so in its docstring).
-STANDALONE = ("probes/_inside_ladder.py", "probes/guardian.py", "conformance/inside.py",
+STANDALONE = ("probes/_inside_ladder.py", "processes/guardian.py", "conformance/inside.py",
               "runners/vm/stage2.py")
 
 
 def ours_imported(path: Path) -> list[tuple[int, str]]:
-    """(line, top-level package) for every import of one of our packages, at any depth of the file."""
+    """(line, layer) for every import of one of our packages, at any depth of the file; a layer
+    imported by its bare name (not under NAME) is reported as `bare:LAYER`."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -27,7 +32,14 @@ def ours_imported(path: Path) -> list[tuple[int, str]]:
             names = [node.module]
         else:
             continue
-        found += [(node.lineno, n.split(".")[0]) for n in names if n.split(".")[0] in LAYERS]
+        for n in names:
+            parts = n.split(".")
+            if parts[0] == NAME and len(parts) == 1 and isinstance(node, ast.ImportFrom):
+                found += [(node.lineno, a.name) for a in node.names if a.name in LAYERS]
+            elif parts[0] == NAME and len(parts) > 1 and parts[1] in LAYERS:
+                found.append((node.lineno, parts[1]))
+            elif parts[0] in LAYERS:
+                found.append((node.lineno, f"bare:{parts[0]}"))
     return found
 
 
@@ -51,11 +63,23 @@ def test_the_programs_run_alone_import_nothing_of_ours(program: str) -> None:
 def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     """The check above can fail: a lazy import of a higher layer inside a function is found."""
     bad = tmp_path / "m.py"
-    bad.write_text("def f():\n    from commands import cli\n    import runners.decide\n")
-    assert ours_imported(bad) == [(2, "commands"), (3, "runners")]
+    bad.write_text("def f():\n    from sandbox_conformance.commands import cli\n"
+                   "    import sandbox_conformance.runners.decide\n"
+                   "    from sandbox_conformance import mrcheck\n    import probes.host\n")
+    assert ours_imported(bad) == [(2, "commands"), (3, "runners"), (4, "mrcheck"), (5, "bare:probes")]
 
 
 def test_every_package_is_a_layer() -> None:
     """A new top-level package must take its place in LAYERS (and in docs/architecture.md)."""
     packages = {p.parent.name for p in REPO.glob("*/__init__.py")}
-    assert packages == set(LAYERS)
+    assert packages == {*LAYERS, NAME}
+
+
+def test_the_installed_name_holds_every_layer_and_nothing_else() -> None:
+    """sandbox_conformance/ is the one name installed: a relative symlink to each layer's folder, and
+    its own __init__ and __main__ (pyproject.toml's find includes only it)."""
+    here = REPO / NAME
+    links = {p.name: os.readlink(p) for p in here.iterdir() if p.is_symlink()}
+    assert links == {layer: f"../{layer}" for layer in LAYERS}
+    assert {p.name for p in here.iterdir() if not p.is_symlink()} - {"__pycache__"} == {"__init__.py",
+                                                                                       "__main__.py"}

@@ -1,5 +1,5 @@
 """A layout named by the profile ([layout], issue 27): its root carries the platform's names and no
-stamp of ours, so the stamp lives on a label beside it (probes/owner.py make_named_dir), which the
+stamp of ours, so the stamp lives on a label beside it (processes/owner.py make_named_dir), which the
 sweep follows to remove what a dead run left, and nothing else."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from conformance import layout
-from conformance.profile import LayoutNames
-from probes import owner
-from probes.owner import Stamp
+from sandbox_conformance.conformance import layout
+from sandbox_conformance.conformance.profile import LayoutNames
+from sandbox_conformance.processes import owner
+from sandbox_conformance.processes.owner import Stamp
 
 
 def _dead() -> Stamp:

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from conformance import plan
-from probes import mountinfo
+from sandbox_conformance.conformance import plan
+from sandbox_conformance.kernel import mountinfo
 
 REPO = Path(__file__).resolve().parent.parent
 PATHS = 2000
@@ -102,7 +102,7 @@ def test_a_profile_of_2000_read_only_paths_gets_its_verdict(tmp_path: Path) -> N
     report = tmp_path / "report.json"
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
            "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "commands.cli", "witness", "--profile", str(profile),
+    done = subprocess.run([sys.executable, "-m", "sandbox_conformance", "witness", "--profile", str(profile),
                            "--json", str(report), "--timeout", "600"], cwd=REPO, env=env, text=True,
                           capture_output=True, timeout=1100)
     assert done.returncode in (0, 1), done.stderr[-3000:]

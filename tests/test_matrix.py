@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from commands import matrix as mx
-from conformance.adapters import nspawn
+from sandbox_conformance.commands import matrix as mx
+from sandbox_conformance.conformance.adapters import nspawn
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "matrix.md"
@@ -79,7 +79,7 @@ def matrix(root_only: None, test_user: str, tmp_path_factory: pytest.TempPathFac
     out = tmp_path_factory.mktemp("matrix")
     before = residue_now()
     done = subprocess.run(
-        [sys.executable, "-m", "commands.cli", "matrix", "--as-user", test_user,
+        [sys.executable, "-m", "sandbox_conformance", "matrix", "--as-user", test_user,
          "--json", str(out / "matrix.json"), "--reports", str(out / "reports")],
         cwd=REPO, capture_output=True, text=True, timeout=900,
     )
@@ -266,7 +266,7 @@ def test_runsc_under_the_oci_profile_breaks_the_mask_runc_keeps_and_the_matrix_e
     path, which crun keeps (measured): runsc.toml does not claim it, oci.toml does."""
     out = tmp_path / "m.json"
     done = subprocess.run(
-        [sys.executable, "-m", "commands.cli", "matrix", "--sandboxes", "crun,runsc",
+        [sys.executable, "-m", "sandbox_conformance", "matrix", "--sandboxes", "crun,runsc",
          "--profile", str(REPO / "conformance" / "adapters" / "oci.toml"), "--json", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
@@ -284,7 +284,7 @@ def test_runsc_under_the_oci_profile_breaks_the_mask_runc_keeps_and_the_matrix_e
 
 
 def test_the_podman_flags_copy_nothing_into_its_masks_and_touch_no_cgroup(tmp_path: Path) -> None:
-    from conformance.adapters import podman
+    from sandbox_conformance.conformance.adapters import podman
 
     flags = podman.run_flags(tmp_path)
     mounts = [f for f in flags if f.startswith("type=tmpfs,")]
@@ -297,14 +297,14 @@ def test_the_podman_flags_copy_nothing_into_its_masks_and_touch_no_cgroup(tmp_pa
 
 
 def test_the_firejail_adapter_never_stacks_a_read_only_root() -> None:
-    from conformance.adapters import firejail
+    from sandbox_conformance.conformance.adapters import firejail
 
     assert "--read-only=/" not in firejail.FLAGS and "--private-dev" in firejail.FLAGS
 
 
 def test_the_runsc_adapter_says_why_the_host_cannot_observe_its_tasks() -> None:
-    from conformance import adapters
-    from conformance.adapters import oci
+    from sandbox_conformance.conformance import adapters
+    from sandbox_conformance.conformance.adapters import oci
 
     argv = oci.runtime_argv("runsc", Path("/state"), "run")
     assert {"--ignore-cgroups", "--network=none", "--oci-seccomp"} <= set(argv), argv
@@ -385,7 +385,7 @@ def test_every_format_carries_the_same_table() -> None:
     ids=["unknown-sandbox", "too-many-jobs", "no-timeout", "no-profile", "no-directory"],
 )
 def test_bad_input_is_exit_2_in_one_line(argv: list[str]) -> None:
-    done = subprocess.run([sys.executable, "-m", "commands.cli", "matrix", *argv], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "sandbox_conformance", "matrix", *argv], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
@@ -393,7 +393,8 @@ def test_bad_input_is_exit_2_in_one_line(argv: list[str]) -> None:
 def test_nothing_that_could_run_is_exit_75() -> None:
     if Path("/run/systemd/system").is_dir():
         pytest.skip("systemd is PID 1 here: the systemd-run adapter can run")
-    done = subprocess.run([sys.executable, "-m", "commands.cli", "matrix", "--sandboxes", "systemd-run"],
+    done = subprocess.run([sys.executable, "-m", "sandbox_conformance", "matrix", "--sandboxes",
+                           "systemd-run"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 75, done.stdout + done.stderr
     assert "did not run: systemd is not PID 1" in done.stdout and "DID NOT RUN" in done.stdout

@@ -1,4 +1,4 @@
-"""probes/mountinfo.py: which mount serves a path, and where a filesystem's subtree shows, from mount
+"""kernel/mountinfo.py: which mount serves a path, and where a filesystem's subtree shows, from mount
 tables written the way the kernel writes them (a mount on top of another is its child)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from probes import mountinfo as mi
+from sandbox_conformance.kernel import mountinfo as mi
 
 # A bwrap-shaped task: tmpfs root, /usr and {state} bound read-only from the host disk (8:1), a mask
 # on {state}/db, a hiding tmpfs on {state}/users with the workdir bound back on top.

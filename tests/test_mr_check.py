@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from mrcheck import tiers as mr_tiers
-from mrcheck.config import ConfigError, MissingConfig, Tier, TierKind, load, parse
-from mrcheck.git import Change, ChangeStatus, Source, collect
-from mrcheck.globs import GlobError, compile_glob, matches
-from mrcheck.report import plan
-from mrcheck.tiers import Gate, TierOutcome, TierResult, classify_runner, run_tier
-from probes.finding import Finding, Verdict
-from probes.run import Completed, minimal_env, run
-from runners.run_verdict import RunVerdict
+from sandbox_conformance.mrcheck import tiers as mr_tiers
+from sandbox_conformance.mrcheck.config import ConfigError, MissingConfig, Tier, TierKind, load, parse
+from sandbox_conformance.mrcheck.git import Change, ChangeStatus, Source, collect
+from sandbox_conformance.mrcheck.globs import GlobError, compile_glob, matches
+from sandbox_conformance.mrcheck.report import plan
+from sandbox_conformance.mrcheck.tiers import Gate, TierOutcome, TierResult, classify_runner, run_tier
+from sandbox_conformance.probes.finding import Finding, Verdict
+from sandbox_conformance.processes.run import Completed, minimal_env, run
+from sandbox_conformance.runners.run_verdict import RunVerdict
 
 REPO = Path(__file__).resolve().parent.parent
 CLI_TIMEOUT = 900.0
@@ -138,7 +138,7 @@ def test_a_config_file_may_hold_the_tiers_at_its_top_level(tmp_path: Path) -> No
 
 
 def test_git_z_output_is_parsed_without_quoting_or_splitting_paths() -> None:
-    from mrcheck.git import parse_diff_z, parse_status_z
+    from sandbox_conformance.mrcheck.git import parse_diff_z, parse_status_z
     diff = "M\0a b.py\0R087\0old\nname\0new name\0D\0gone\0"
     assert parse_diff_z(diff) == [
         Change("a b.py", ChangeStatus.modified, Source.committed),
@@ -207,7 +207,7 @@ def test_a_refusal_keeps_the_reason_and_each_way_on_from_the_runners_document_no
 
 def test_the_runner_is_told_where_its_verdict_goes_outside_the_command_it_prints(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from runners import run_verdict
+    from sandbox_conformance.runners import run_verdict
 
     tier = Tier("w", ("src/**",), TierKind.witness, launcher="./l.sh", pytest_args=("-k", "x"))
     argv = mr_tiers.runner_argv(tier, "native")
@@ -229,7 +229,7 @@ def test_the_runner_is_told_where_its_verdict_goes_outside_the_command_it_prints
 ])
 def test_the_overall_verdict_is_never_green_when_a_touched_tier_did_not_pass(outcomes: list[TierOutcome],
                                                                              expected: TierOutcome) -> None:
-    from mrcheck.report import overall
+    from sandbox_conformance.mrcheck.report import overall
     assert overall([TierResult(o, "r") for o in outcomes]) is expected
 
 
@@ -253,8 +253,8 @@ def test_a_refused_gate_means_the_command_never_starts(tmp_path: Path) -> None:
 
 
 def test_the_handover_names_files_tier_command_and_why_in_every_format() -> None:
-    from mrcheck.git import Changes
-    from mrcheck.report import CheckReport, Invocation, ReportFormat, render
+    from sandbox_conformance.mrcheck.git import Changes
+    from sandbox_conformance.mrcheck.report import CheckReport, Invocation, ReportFormat, render
     tier = Tier("cmd|pipe", ("src/**",), TierKind.command, argv=("sh", "-c", "a | b"))
     moved = Change("src/new.py", ChangeStatus.renamed, Source.committed, "lib/old.py")
     changes = Changes(Path("/r"), "main", "b" * 40, "m" * 40, "h" * 40, (moved,), "hhhhhhh")
@@ -330,7 +330,7 @@ def mr_check(repo: Path, *args: str, env: dict[str, str] | None = None,
     for key in ("SANDBOX_CONFORMANCE_MODE", "SANDBOX_CONFORMANCE_DEPLOYMENT_CONFIG"):
         if env is None or key not in env:
             full.pop(key, None)
-    return run([*prefix, sys.executable, "-P", "-m", "commands.cli", "mr-check", *args],
+    return run([*prefix, sys.executable, "-P", "-m", "sandbox_conformance", "mr-check", *args],
                timeout=CLI_TIMEOUT, env=full, cwd=str(repo))
 
 
@@ -500,7 +500,7 @@ run = { kind = "witness" }
 
 def _witness_suite_or_skip() -> None:
     try:
-        import commands.witness  # noqa: F401
+        import sandbox_conformance.commands.witness  # noqa: F401
     except ModuleNotFoundError as e:
         pytest.skip(f"the witness suite is not in this checkout: {e}")
 
@@ -509,7 +509,7 @@ def _cgroup_skips_tier(tiers: str) -> tuple[str, str | None]:
     """Where this host has no delegated cgroup root, the reference profile's cgroup witnesses can only
     skip (CI sets the require switch): the tier lists exactly them, with the probe's reason, as a user
     on such a host would. Returns (tiers, the expected-skips file's text or None)."""
-    from conformance.controls import HARNESS_ENFORCED
+    from sandbox_conformance.conformance.controls import HARNESS_ENFORCED
 
     f = mr_tiers.cgroup_delegation()
     if f.ok and f.facts.get("root"):
@@ -685,9 +685,9 @@ def test_a_cgroup_tier_on_this_host_follows_the_cgroup_probe_never_green_unteste
 @pytest.mark.timeout(900)
 def test_a_cgroup_tier_runs_for_real_with_mode_vm_where_the_host_cannot_delegate(tmp_path: Path) -> None:
     """The way on this host names (`--mode vm`) really runs the cgroup witnesses and reports PASS."""
-    from runners.vm import image as vm_image
-    from runners.vm import qemu as vm
-    from runners.vm.image import ImageError
+    from sandbox_conformance.runners.vm import image as vm_image
+    from sandbox_conformance.runners.vm import qemu as vm
+    from sandbox_conformance.runners.vm.image import ImageError
 
     if os.geteuid() != 0:
         pytest.skip("the VM tier runs as root")

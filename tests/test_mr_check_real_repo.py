@@ -30,13 +30,13 @@ from test_mr_check import (
     write,
 )
 
-from mrcheck import tiers as mr_tiers
-from mrcheck.config import ConfigError, Tier, TierKind, parse, resolve_launcher
-from mrcheck.git import Change, Changes, ChangeStatus, Source
-from mrcheck.report import CheckReport, Invocation, ReportFormat, plan, render
-from mrcheck.tiers import TierOutcome, TierResult, classify_runner
-from probes.run import Completed, run
-from runners.run_verdict import RunVerdict
+from sandbox_conformance.mrcheck import tiers as mr_tiers
+from sandbox_conformance.mrcheck.config import ConfigError, Tier, TierKind, parse, resolve_launcher
+from sandbox_conformance.mrcheck.git import Change, Changes, ChangeStatus, Source
+from sandbox_conformance.mrcheck.report import CheckReport, Invocation, ReportFormat, plan, render
+from sandbox_conformance.mrcheck.tiers import TierOutcome, TierResult, classify_runner
+from sandbox_conformance.processes.run import Completed, run
+from sandbox_conformance.runners.run_verdict import RunVerdict
 
 CLI_TIMEOUT = 900.0
 
@@ -50,7 +50,7 @@ def cli(cwd: Path, *args: str, env: dict[str, str] | None = None) -> Completed:
     for key in ("SANDBOX_CONFORMANCE_MODE", "SANDBOX_CONFORMANCE_DEPLOYMENT_CONFIG"):
         if env is None or key not in env:
             full.pop(key, None)
-    return run([sys.executable, "-P", "-m", "commands.cli", *args], timeout=CLI_TIMEOUT, env=full,
+    return run([sys.executable, "-P", "-m", "sandbox_conformance", *args], timeout=CLI_TIMEOUT, env=full,
                cwd=str(cwd))
 
 

@@ -1,4 +1,4 @@
-"""probes/netif.py against psutil (getifaddrs(3)) on this host, and in a network namespace of its own."""
+"""kernel/netif.py against psutil (getifaddrs(3)) on this host, and in a network namespace of its own."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from probes.netif import ipv4_addresses
+from sandbox_conformance.kernel.netif import ipv4_addresses
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,7 +32,7 @@ def test_each_interface_with_an_ipv4_address_gives_its_first_one_as_getifaddrs_d
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="no unshare(1)")
 def test_in_a_fresh_network_namespace_there_is_nothing_until_loopback_is_up() -> None:
-    code = ("import json; from probes.netif import ipv4_addresses; print(json.dumps(ipv4_addresses()))")
+    code = ("import json; from kernel.netif import ipv4_addresses; print(json.dumps(ipv4_addresses()))")
     done = subprocess.run(["unshare", "--net", "--map-root-user", sys.executable, "-c", code], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
     if done.returncode != 0:

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from witness_cli import witness
 
-from commands import controls as controls_cmd
-from conformance import observer
-from conformance.controls_judge import ControlStatus, ControlVerdict
-from conformance.harness import HarnessError, check_document
-from conformance.plan import Plan
-from probes import mountinfo
+from sandbox_conformance.commands import controls as controls_cmd
+from sandbox_conformance.conformance import observer
+from sandbox_conformance.conformance.controls_judge import ControlStatus, ControlVerdict
+from sandbox_conformance.conformance.harness import HarnessError, check_document
+from sandbox_conformance.conformance.plan import Plan
+from sandbox_conformance.kernel import mountinfo
 
 PR_SET_NAME = 15
 
@@ -214,7 +214,7 @@ def test_a_reference_whose_path_leads_nowhere_holds_every_mount_of_its_filesyste
 
 def test_run_refuses_an_unwritable_report_before_probing_anything(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "commands.cli", "run", "--json", str(tmp_path / "missing" / "r.json")],
+        [sys.executable, "-m", "sandbox_conformance", "run", "--json", str(tmp_path / "missing" / "r.json")],
         cwd=Path(__file__).resolve().parent.parent,
         capture_output=True,
         text=True,

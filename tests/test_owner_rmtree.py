@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from probes import owner
+from sandbox_conformance.processes import owner
 
 
 def test_a_failure_on_the_top_itself_leaves_its_parent_alone(

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from probes import bwrap
-from probes.finding import Verdict
-from probes.host import Host
-from probes.run import Completed
+from sandbox_conformance.probes import bwrap
+from sandbox_conformance.probes.finding import Verdict
+from sandbox_conformance.probes.host import Host
+from sandbox_conformance.processes.run import Completed
 
 # struct vfs_cap_data, revision 2, effective flag, permitted = {CAP_SYS_ADMIN}: what
 # `setcap cap_sys_admin=ep FILE` writes (<linux/capability.h>).
@@ -104,7 +104,7 @@ def test_an_installed_bwrap_that_is_not_executable_is_named_with_its_mode(tmp_pa
 
 
 def test_the_ladder_says_bwrap_could_not_be_run_not_that_it_is_missing(tmp_path: Path) -> None:
-    from probes import ladder
+    from sandbox_conformance.probes import ladder
 
     host = host_with(tmp_path, Runner(done(json.dumps({"unshare": None}) + "\n")), mode=0o644)
     by = {f.probe: f for f in ladder.probe(host)}

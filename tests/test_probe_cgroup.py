@@ -11,16 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from probes import cgroup, cgroupfs, mountinfo
-from probes.cgroup import RootState, blockers, decide_layout, fs_path, resolve_root
-from probes.cgroupfs import (
-    CGROUP2_SUPER_MAGIC,
-    CGROUP_SUPER_MAGIC,
-    PROMISE_ENV,
-    CgroupFs,
-)
-from probes.finding import Verdict
-from probes.host import Host
+from sandbox_conformance.kernel import cgroupfs, mountinfo
+from sandbox_conformance.kernel.cgroupfs import CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC, PROMISE_ENV, CgroupFs
+from sandbox_conformance.probes import cgroup
+from sandbox_conformance.probes.cgroup import RootState, blockers, decide_layout, fs_path, resolve_root
+from sandbox_conformance.probes.finding import Verdict
+from sandbox_conformance.probes.host import Host
 
 HYBRID_MOUNTINFO = """\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755

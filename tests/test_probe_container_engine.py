@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from probes import container_engine as ce
-from probes.finding import Verdict
-from probes.host import Host
+from sandbox_conformance.probes import container_engine as ce
+from sandbox_conformance.probes.finding import Verdict
+from sandbox_conformance.probes.host import Host
 
 INFO = {"ServerVersion": "24.0.7", "SecurityOptions": ["name=seccomp,profile=builtin", "name=rootless"]}
 

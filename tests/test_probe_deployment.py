@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from probes import deployment
-from probes.deployment import Signature, SignatureError, parse_signature
-from probes.finding import Verdict
-from probes.host import Host
+from sandbox_conformance.probes import deployment
+from sandbox_conformance.probes.deployment import Signature, SignatureError, parse_signature
+from sandbox_conformance.probes.finding import Verdict
+from sandbox_conformance.probes.host import Host
 
 SIG = """\
 [deployment]

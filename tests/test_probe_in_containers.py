@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from runners.container import security_flags
+from sandbox_conformance.runners.container import security_flags
 
 if TYPE_CHECKING:
     from docker_tier import DockerTier
@@ -57,7 +57,7 @@ def probe_in(tier: DockerTier, flags: list[str], user: str) -> dict[str, dict[st
     c = tier.docker_cmd("run", "--rm", "--user", user, *flags,
                         "--volume", f"{REPO}:/src:ro", "--env", "PYTHONPATH=/src",
                         "--env", "PYTHONDONTWRITEBYTECODE=1", "--workdir", "/tmp",
-                        tier.image, "python3", "-m", "commands.cli", "probe", "--json",
+                        tier.image, "python3", "-m", "sandbox_conformance", "probe", "--json",
                         "--only", ",".join((*LADDER, "sandboxed")), timeout=180)
     assert c.ok, f"the probe did not run in the container: {c.stderr_tail(5)}"
     return {f["probe"]: f for f in json.loads(c.stdout)["findings"]}

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from probes import platform
-from probes.finding import Verdict
-from probes.host import Host
-from probes.run import run
+from sandbox_conformance.probes import platform
+from sandbox_conformance.probes.finding import Verdict
+from sandbox_conformance.probes.host import Host
+from sandbox_conformance.processes.run import run
 
 INIT = platform.INIT_INO
 

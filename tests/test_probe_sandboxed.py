@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from probes import sandboxed
-from probes.finding import Verdict
-from probes.host import Host
-from probes.run import Completed, run
+from sandbox_conformance.probes import sandboxed
+from sandbox_conformance.probes.finding import Verdict
+from sandbox_conformance.probes.host import Host
+from sandbox_conformance.processes.run import Completed, run
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_PYTHON = REPO / ".venv/bin/python"
@@ -139,12 +139,13 @@ def test_a_trial_that_did_not_run_does_not_hide_other_signals(tmp_path):
 
 # --- the real host shapes -------------------------------------------------------------------------
 
-SNIPPET = ("import json; from probes import sandboxed; from probes.host import Host; "
+SNIPPET = ("import json; from sandbox_conformance.probes import sandboxed; "
+           "from sandbox_conformance.probes.host import Host; "
            "f = sandboxed.probe(Host())[0]; print(json.dumps(f.to_json()))")
 
 
 def run_snippet(prefix: list[str], timeout: float = 60) -> dict:
-    # probes.run: on a timeout the whole process group goes, bwrap's children included.
+    # processes.run: on a timeout the whole process group goes, bwrap's children included.
     done = run([*prefix, str(VENV_PYTHON), "-c", SNIPPET], timeout=timeout, cwd=str(REPO),
                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"})
     assert done.returncode == 0, done.stderr

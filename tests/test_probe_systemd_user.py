@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from probes import systemd_user
-from probes.finding import Verdict
-from probes.host import Host
+from sandbox_conformance.probes import systemd_user
+from sandbox_conformance.probes.finding import Verdict
+from sandbox_conformance.probes.host import Host
 
 UID = 1000
 

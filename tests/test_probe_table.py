@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from commands.probe import render_table, way_on
-from probes.finding import Finding, Verdict
-from runners import decide
+from sandbox_conformance.commands.probe import render_table, way_on
+from sandbox_conformance.probes.finding import Finding, Verdict
+from sandbox_conformance.runners import decide
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = REPO / ".venv/bin/sandbox-conformance"

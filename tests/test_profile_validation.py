@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import profile
+from sandbox_conformance.conformance import profile
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -68,7 +68,7 @@ def test_the_tightened_checks_still_take_what_can_be_kept(body: str) -> None:
 def test_every_profile_key_is_in_the_launcher_authors_table() -> None:
     # docs/launchers.md promises launcher authors every profile key in one table: a key the parser
     # takes and the table leaves out is one a newcomer cannot learn from the docs.
-    from conformance.profile import _SCHEMA
+    from sandbox_conformance.conformance.profile import _SCHEMA
 
     lines = (REPO / "docs" / "launchers.md").read_text().splitlines()
     table = [line for line in lines if line.startswith("| `[")]

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from witness_cli import witness
 
-from conformance import adapters, profile, promises, remedies, render
-from conformance import settings as settings_mod
-from conformance.launch import REFERENCE, external
-from conformance.profile import NetworkMode
-from conformance.settings import Settings
-from runners.witness_args import WitnessOptions
+from sandbox_conformance.conformance import adapters, profile, promises, remedies, render
+from sandbox_conformance.conformance import settings as settings_mod
+from sandbox_conformance.conformance.launch import REFERENCE, external
+from sandbox_conformance.conformance.profile import NetworkMode
+from sandbox_conformance.conformance.settings import Settings
+from sandbox_conformance.runners.witness_args import WitnessOptions
 
 REPO = Path(__file__).resolve().parent.parent
 WITNESS_MODULE = REPO / "conformance" / "test_witnesses.py"
@@ -131,7 +131,7 @@ def test_run_forwards_only_and_skip_to_the_witness() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "commands.cli", *args], cwd=REPO, text=True,
+    return subprocess.run([sys.executable, "-m", "sandbox_conformance", *args], cwd=REPO, text=True,
                           capture_output=True, timeout=60,
                           env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent"})
 
@@ -227,7 +227,8 @@ def test_no_remedy_without_a_broken_row() -> None:
 
 
 def schema() -> dict:
-    return json.loads((resources.files("conformance") / "schemas" / "witness-report.schema.json").read_text())
+    schemas = resources.files("sandbox_conformance.conformance") / "schemas"
+    return json.loads((schemas / "witness-report.schema.json").read_text())
 
 
 @pytest.mark.integration
@@ -274,7 +275,7 @@ def test_secret_in_init_is_broken_with_bwraps_remedy_in_text_json_and_junit(
 def test_no_new_session_through_a_launcher_of_our_own_gets_the_generic_remedy(
     tmp_path: Path, root_only: None, bwrap_path: str
 ) -> None:
-    from conformance import controls
+    from sandbox_conformance.conformance import controls
 
     if Path("/proc/sys/dev/tty/legacy_tiocsti").read_text().strip() == "0":
         pytest.skip("dev.tty.legacy_tiocsti = 0: this kernel refuses TIOCSTI to every task")
@@ -323,7 +324,7 @@ def test_the_readmes_promise_table_is_the_catalogue() -> None:
     text = (REPO / "README.md").read_text()
     begin, end = text.index("<!-- promises:begin"), text.index("<!-- promises:end -->")
     assert text[begin:end + len("<!-- promises:end -->")].splitlines() == promises.table_markdown(), \
-        "README's promise table is stale: paste `python -m conformance.promises` over it"
+        "README's promise table is stale: paste `python -m sandbox_conformance.conformance.promises` over it"
 
 
 @pytest.mark.integration

@@ -148,11 +148,11 @@ def test_every_runnable_command_of_a_document_exits_as_documented(
 
 
 def test_the_commands_table_is_the_one_the_parsers_render() -> None:
-    from commands import table as commands_table
+    from sandbox_conformance.commands import table as commands_table
 
     table = commands_table.render()
     text = (REPO / "README.md").read_text()
     begin, end = text.index(commands_table.BEGIN), text.index(commands_table.END) + len(commands_table.END)
     assert text[begin:end] == table, (
-        f"README's command table is stale; paste `python -m commands.table`:\n{table}"
+        f"README's command table is stale; paste `python -m sandbox_conformance.commands.table`:\n{table}"
     )

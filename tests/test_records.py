@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-OURS = ("probes", "conformance", "runners", "mrcheck", "commands")
+OURS = ("sandbox_conformance",)
 
 # Runs the command in this interpreter with dataclasses' class processing watched, then prints what
 # it saw as the last line on stderr: our classes made into dataclasses, and whether `dataclasses` and
@@ -48,7 +48,7 @@ def report():
                        "inspect": "inspect" in sys.modules})
     os.write(2, (line + "\n").encode())
 atexit.register(report)
-from commands import cli
+from sandbox_conformance.commands import cli
 code = cli.main(sys.argv[1:])
 atexit._run_exitfuncs()
 os._exit(code)
@@ -93,8 +93,8 @@ def test_the_watch_sees_a_dataclass_of_ours() -> None:
 def test_a_copy_with_changes_keeps_the_checks_made_at_creation() -> None:
     """NamedTuple's own `_replace` builds the tuple directly; Finding and Host route it through their
     `__new__`, so a copy cannot carry a two-line reason, a writable evidence dict or no environment."""
-    from probes.finding import Finding, Verdict
-    from probes.host import Host
+    from sandbox_conformance.probes.finding import Finding, Verdict
+    from sandbox_conformance.probes.host import Host
 
     f = Finding("x", Verdict.supported, "one line", {"n": "1"})
     with pytest.raises(ValueError, match="one line"):

@@ -11,10 +11,10 @@ import subprocess
 
 import pytest
 
-from conformance import profile
-from conformance.harness import WitnessSession
-from conformance.launch import SECRET_ENV
-from conformance.plan import DEVICES, KERNEL_INTERFACES
+from sandbox_conformance.conformance import profile
+from sandbox_conformance.conformance.harness import WitnessSession
+from sandbox_conformance.conformance.launch import SECRET_ENV
+from sandbox_conformance.conformance.plan import DEVICES, KERNEL_INTERFACES
 
 pytestmark = pytest.mark.integration
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance import output, render
-from conformance.render import Format, Style
-from runners.progress import Progress, result_word
+from sandbox_conformance.conformance import output, render
+from sandbox_conformance.conformance.render import Format, Style
+from sandbox_conformance.runners.progress import Progress, result_word
 
 REPO = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -70,7 +70,7 @@ def sbxc(*args: str, tty_out: bool, tty_err: bool, env: Mapping[str, str]) -> Ra
         else:
             r, w = os.pipe()
             fds[name] = (r, w)
-    proc = subprocess.Popen([sys.executable, "-m", "commands.cli", *args], cwd=REPO, env=dict(env),
+    proc = subprocess.Popen([sys.executable, "-m", "sandbox_conformance", *args], cwd=REPO, env=dict(env),
                             stdin=subprocess.DEVNULL, stdout=fds["out"][1], stderr=fds["err"][1],
                             start_new_session=True)
     for _, w in fds.values():
@@ -119,7 +119,8 @@ def env(tmp_path: Path) -> dict[str, str]:
 @pytest.fixture
 def native(bwrap_path: str, env: dict[str, str]) -> None:
     """`run --mode native` must run here: where it refuses, these tests skip with its reason."""
-    done = subprocess.run([sys.executable, "-m", "commands.cli", "run", "--mode", "native", "--print-mode"],
+    done = subprocess.run([sys.executable, "-m", "sandbox_conformance", "run", "--mode", "native",
+                           "--print-mode"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         pytest.skip(f"run --mode native refuses here: {done.stdout.strip()}")
@@ -466,7 +467,7 @@ def test_a_row_that_failed_otherwise_keeps_its_own_detail() -> None:
 
 
 def test_mr_check_counts_the_rows_that_point_to_the_failure_said_once() -> None:
-    from mrcheck.tiers import failure_lines
+    from sandbox_conformance.mrcheck.tiers import failure_lines
 
     lines = [f"network: not tested: {render.SAID_BELOW}", f"pid: not tested: {render.SAID_BELOW}", BOOM,
              "witness: 0 kept, 0 BROKEN, 2 not tested (profile p, launcher 'x'): FAIL"]

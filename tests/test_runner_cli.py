@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from probes.run import Completed, run
+from sandbox_conformance.processes.run import Completed, run
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable  # the venv's interpreter: world-executable, so the test user can run it too
@@ -49,7 +49,7 @@ def no_podman(tmp_path: Path) -> str:
 
 def sbxc(*args: str, env: Mapping[str, str] | None = None, timeout: float = 120,
          prefix: tuple[str, ...] = (), cwd: str | None = None) -> Completed:
-    return run([*prefix, PYTHON, "-m", "commands.cli", *args], timeout=timeout,
+    return run([*prefix, PYTHON, "-m", "sandbox_conformance", *args], timeout=timeout,
                env=dict(env) if env is not None else base_env(), cwd=cwd or str(REPO))
 
 
@@ -91,7 +91,7 @@ def test_native_as_root_passes(root_only: None, bwrap_path: str) -> None:
 def test_native_as_an_unprivileged_user_passes(test_user: str, bwrap_path: str) -> None:
     needs_witness()
     setpriv = ("setpriv", f"--reuid={test_user}", f"--regid={test_user}", "--init-groups", "--inh-caps=-all")
-    check = f"import commands.cli; open({str(REPO / 'pyproject.toml')!r}).read()"
+    check = f"import sandbox_conformance.commands.cli; open({str(REPO / 'pyproject.toml')!r}).read()"
     reach = run([*setpriv, PYTHON, "-c", check], timeout=30, env=base_env(HOME="/tmp"), cwd=str(REPO))
     if not reach.ok:
         pytest.skip(f"the checkout or venv is not readable by {test_user}: {reach.stderr_tail(1)}")

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 import pytest
 from test_runner_cli import VERDICT, needs_witness
 
-from probes.collect import collect
-from probes.host import Host
-from probes.run import Completed, run
+from sandbox_conformance.probes.collect import collect
+from sandbox_conformance.probes.host import Host
+from sandbox_conformance.processes.run import Completed, run
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -48,7 +48,7 @@ BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 COLLECT = """\
 import json, os, sys
 import pytest
-from commands.witness import WITNESS_MODULE
+from sandbox_conformance.commands.witness import WITNESS_MODULE
 
 class Families:
     def __init__(self): self.found = []
@@ -62,9 +62,10 @@ f = Families()
 argv = [str(WITNESS_MODULE), "-p", "no:randomly", "-p", "no:cacheprovider", "-c", os.devnull,
         "--rootdir", str(WITNESS_MODULE.parent), "-o", "python_files=test_witnesses.py",
         "--collect-only", "-q"]
-if not any(ep.value == "conformance.plugin" for ep in __import__("importlib.metadata").metadata.entry_points(
+if not any(ep.value == "sandbox_conformance.conformance.plugin"
+           for ep in __import__("importlib.metadata").metadata.entry_points(
         group="pytest11")):
-    argv += ["-p", "conformance.plugin"]
+    argv += ["-p", "sandbox_conformance.conformance.plugin"]
 with __import__("contextlib").redirect_stdout(sys.stderr):
     rc = pytest.main(argv, plugins=[f])
 print(json.dumps({"rc": int(rc), "found": f.found}))
@@ -152,7 +153,7 @@ def container_run(docker_tier: DockerTier,
                              for i in (ids if hybrid else ())))
     env = {**docker_tier.env, "PATH": BASE_PATH, "LANG": "C.UTF-8"}
     before = host_cgroup_snapshot()
-    c = run([sys.executable, "-m", "commands.cli", "run", "--mode", "container",
+    c = run([sys.executable, "-m", "sandbox_conformance", "run", "--mode", "container",
              "--base-image", docker_tier.base, "--require", "--expected-skips", str(skips),
              "--junitxml", str(tmp / "junit.xml"), "--json", str(tmp / "report.json")],
             timeout=SETUP_TIMEOUT - 60, env=env, cwd=str(REPO))
@@ -237,7 +238,8 @@ def test_the_setup_in_the_hosts_cgroup_namespace_refuses_before_touching_it(dock
             "--volume", f"{REPO}:/src:ro", docker_tier.image, "sleep", "infinity")
         assert started.ok, started.stderr
         c = docker_tier.docker_cmd("exec", "--workdir", "/src", "--env", "PYTHONDONTWRITEBYTECODE=1", name,
-                                   "python3", "-m", "runners.cgroup_setup", "--in", "container", timeout=60)
+                                   "python3", "-m", "sandbox_conformance.runners.cgroup_setup", "--in",
+                                       "container", timeout=60)
     finally:
         docker_tier.docker_cmd("rm", "--force", name, timeout=60)
     assert c.returncode == 75, c.stdout + c.stderr
@@ -269,7 +271,8 @@ def test_the_setups_writes_land_in_the_containers_own_cgroup(docker_tier: Docker
             "exec", name, "sh", "-c", "umount -R /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup")
         assert remount.ok, remount.stderr
         c = docker_tier.docker_cmd("exec", "--workdir", "/src", "--env", "PYTHONDONTWRITEBYTECODE=1", name,
-                                   "python3", "-m", "runners.cgroup_setup", "--in", "container", timeout=60)
+                                   "python3", "-m", "sandbox_conformance.runners.cgroup_setup", "--in",
+                                       "container", timeout=60)
         init_cgroup = docker_tier.docker_cmd("exec", name, "cat", "/proc/1/cgroup").stdout
         # The container's cgroup on the host's v2 hierarchy (hybrid: under unified/), where dockerd put it.
         own = [d / docker_tier.cgroup_parent / cid for d in (CGROUP_FS / "unified", CGROUP_FS)]
@@ -294,7 +297,7 @@ def test_the_setups_writes_land_in_the_containers_own_cgroup(docker_tier: Docker
 def test_the_container_is_gone_after_the_run(docker_tier: DockerTier) -> None:
     """Whatever the run did, it left no container behind on the engine."""
     env = {**docker_tier.env, "LANG": "C.UTF-8"}
-    c = run([sys.executable, "-m", "commands.cli", "run", "--mode", "container",
+    c = run([sys.executable, "-m", "sandbox_conformance", "run", "--mode", "container",
              "--image", "no-such-image:x"],
             timeout=300, env=env, cwd=str(REPO))
     assert c.returncode == 75, c.stderr

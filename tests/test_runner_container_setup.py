@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from probes.cgroupfs import PROMISE_ENV as ENV_ROOT
-from probes.run import Completed
-from runners import container
-from runners.container import CgroupSetup, Engine, read_setup, security_flags
-from runners.progress import Progress
-from runners.witness_args import WitnessOptions
+from sandbox_conformance.kernel.cgroupfs import PROMISE_ENV as ENV_ROOT
+from sandbox_conformance.processes.run import Completed
+from sandbox_conformance.runners import container
+from sandbox_conformance.runners.container import CgroupSetup, Engine, read_setup, security_flags
+from sandbox_conformance.runners.progress import Progress
+from sandbox_conformance.runners.witness_args import WitnessOptions
 
 TMPFS_REASON = ("/sys/fs/cgroup is tmpfs, not cgroup2 (a v1 or hybrid layout cannot delegate memory to a "
                 "v2 leaf)")
@@ -95,7 +95,7 @@ if args[0] == "run":
     bind = next(a for a in args if a.endswith(":" + os.environ["FAKE_INSIDE_OUT"] + ":rw"))
     with open(state, "w") as f:
         f.write(bind.split(":")[0])
-if args[0] == "exec" and "runners.cgroup_setup" in args:
+if args[0] == "exec" and "sandbox_conformance.runners.cgroup_setup" in args:
     how = os.environ["FAKE_SETUP"]
     if how == "ok":
         print("SANDBOX_CONFORMANCE_CGROUP_ROOT=/sys/fs/cgroup/tasks")
@@ -151,7 +151,7 @@ def test_a_proved_root_is_announced_and_exported_to_both_legs(fake_engine, tmp_p
     assert [leg.returncode for leg in legs] == [0, 0]
     assert f"container: cgroup set-up: exported {ENV_ROOT}=/sys/fs/cgroup/tasks" in said
     cmds = _commands(log)
-    setup_at = next(i for i, c in enumerate(cmds) if "runners.cgroup_setup" in c)
+    setup_at = next(i for i, c in enumerate(cmds) if "sandbox_conformance.runners.cgroup_setup" in c)
     install_at = next(i for i, c in enumerate(cmds) if c[0] == "exec" and "sh" in c)
     leg_at = [i for i, c in enumerate(cmds) if c[0] == "exec" and "witness" in c]
     # Installed first (the module comes from the checkout), set up once, then both legs.
@@ -228,7 +228,7 @@ def test_a_controller_held_by_cgroup_v1_is_named_as_the_reason(tmp_path: Path, p
                                                                 why: str) -> None:
     """What this host's container really hits: its cgroup2 side offers neither memory nor pids, because
     the kernel bound them to v1 (/proc/cgroups is global, so the container sees the host's bindings)."""
-    from runners.cgroup_setup import Setup, SetupError, SetupMode
+    from sandbox_conformance.runners.cgroup_setup import Setup, SetupError, SetupMode
 
     cgroup, proc = tmp_path / "cg", tmp_path / "proc"
     cgroup.mkdir()
@@ -318,7 +318,7 @@ def test_run_in_container_mode_offline_refuses_with_the_way_on(offline_engine, t
     verdict = tmp_path / "verdict.json"
     env = {"PATH": f"{bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
            "LANG": "C.UTF-8", "HOME": str(tmp_path), "DOCKER_HOST": "tcp://127.0.0.1:9"}
-    c = subprocess.run([sys.executable, "-m", "commands.cli", "run", "--mode", "container",
+    c = subprocess.run([sys.executable, "-m", "sandbox_conformance", "run", "--mode", "container",
                         "--verdict-json", str(verdict)], cwd=container.REPO, env=env, capture_output=True,
                        text=True, timeout=300)
     lines = c.stderr.strip().splitlines()
@@ -408,7 +408,7 @@ def test_the_base_image_script_imports_once_and_prints_the_name_to_pass(script_e
 
 
 def test_the_base_image_script_builds_the_docker_adapters_python3_image(script_env) -> None:
-    from conformance.adapters import docker
+    from sandbox_conformance.conformance.adapters import docker
 
     env, cache, log = script_env
     done = _script(env, "--python3", str(cache))

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from probes.finding import Finding, Verdict
-from runners.decide import NEEDED, Decision, Mode, Request, decide
+from sandbox_conformance.probes.finding import Finding, Verdict
+from sandbox_conformance.runners.decide import NEEDED, Decision, Mode, Request, decide
 
 S, D, U, DET, ND, UNK = (Verdict.supported, Verdict.denied, Verdict.unsupported, Verdict.detected,
                          Verdict.not_detected, Verdict.unknown)

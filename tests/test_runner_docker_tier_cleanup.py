@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from probes.run import run
+from sandbox_conformance.processes.run import run
 
 if TYPE_CHECKING:
     from docker_tier import DockerTier

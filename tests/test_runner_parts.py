@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from probes.run import run
-from runners import container, native, witness_args
-from runners.container import Engine, Leg, combine, inside_options, security_flags
-from runners.witness_args import WitnessOptions
+from sandbox_conformance.processes.run import run
+from sandbox_conformance.runners import container, native, witness_args
+from sandbox_conformance.runners.container import Engine, Leg, combine, inside_options, security_flags
+from sandbox_conformance.runners.witness_args import WitnessOptions
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -28,7 +28,8 @@ def test_witness_options_round_trip_into_the_witness_command() -> None:
     argv = WitnessOptions.from_args(ns).argv()
     assert argv == ["--profile", "p.toml", "--launcher", "my-sbx --task {task_id}", "--junitxml", "j.xml",
                     "--require", "--", "-k", "control", "--maxfail=1"]
-    assert native.witness_argv(WitnessOptions(), python="/py") == ["/py", "-m", "commands.cli", "witness"]
+    assert native.witness_argv(WitnessOptions(), python="/py") == ["/py", "-m", "sandbox_conformance",
+                                                                   "witness"]
 
 
 def test_native_mode_drops_an_inherited_cgroup_root_and_keeps_the_rest() -> None:
@@ -70,7 +71,7 @@ def test_the_delegated_rerun_goes_through_systemd_run_with_delegation() -> None:
     assert "Delegate=yes" in argv and "--pipe" in argv and "--wait" in argv
     assert f"--setenv={native.DELEGATED_ENV}=1" in argv
     assert argv[argv.index("--") + 1:] == ["/bin/sh", "-c", native.ENTER_SUPERVISOR.replace("$", "$$"), "sh",
-                                           "/py", "-m", "commands.cli", "run", "--mode", "native"]
+                                           "/py", "-m", "sandbox_conformance", "run", "--mode", "native"]
 
 
 @pytest.mark.parametrize("kind", ["docker", "podman"])

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.integration
 
 
 def schema(name: str) -> dict:
-    text = (resources.files("conformance") / "schemas" / f"{name}.schema.json").read_text()
+    schemas = resources.files("sandbox_conformance.conformance") / "schemas"
+    text = (schemas / f"{name}.schema.json").read_text()
     doc = json.loads(text)
     jsonschema.Draft202012Validator.check_schema(doc)
     return doc
@@ -51,7 +52,7 @@ def test_the_task_spec_an_external_launcher_reads_validates(tmp_path: Path, root
 
 def test_the_controls_report_validates(root_only: None) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "commands.cli", "controls", "--only", "ipc_shared", "--json"],
+        [sys.executable, "-m", "sandbox_conformance", "controls", "--only", "ipc_shared", "--json"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -87,7 +88,7 @@ def test_the_mr_check_report_validates(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "commands.cli",
+            "sandbox_conformance",
             "mr-check",
             "-C",
             str(repo),
@@ -112,7 +113,7 @@ def _run(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple
     """`sandbox-conformance run --verdict-json FILE ARGS`: (exit, the document, stderr)."""
     doc = tmp_path / "verdict.json"
     done = subprocess.run(
-        [sys.executable, "-m", "commands.cli", "run", "--verdict-json", str(doc), *args],
+        [sys.executable, "-m", "sandbox_conformance", "run", "--verdict-json", str(doc), *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from probes import cancel
-from probes import run as run_mod
+from sandbox_conformance.processes import cancel
+from sandbox_conformance.processes import run as run_mod
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
@@ -49,9 +49,9 @@ def test_a_signal_before_the_handlers_is_held_and_ends_the_command_in_order(tmp_
     done = _python("""
         import os, signal, sys
         sys.argv = ["/venv/bin/sandbox-conformance", "witness", "--launcher", "true"]
-        import commands
+        from sandbox_conformance import commands
         os.kill(os.getpid(), signal.SIGTERM)
-        from commands import cli
+        from sandbox_conformance.commands import cli
         sys.exit(cli.main())
         """, tmp_path)
     assert done.returncode == 143, (done.returncode, done.stderr[-2000:])
@@ -63,9 +63,9 @@ def test_a_held_signal_ends_a_command_that_installs_nothing_by_that_signal(tmp_p
     done = _python("""
         import os, signal, sys
         sys.argv = ["/venv/bin/sandbox-conformance", "probe", "--only", "platform"]
-        import commands
+        from sandbox_conformance import commands
         os.kill(os.getpid(), signal.SIGHUP)
-        from commands import cli
+        from sandbox_conformance.commands import cli
         cli.main()
         print("not reached")
         """, tmp_path)
@@ -82,7 +82,7 @@ def test_a_signal_inside_an_import_is_raised_once_the_import_is_whole(tmp_path: 
     done = _python(f"""
         import sys
         sys.path.insert(0, {str(tmp_path)!r})
-        from probes import cancel
+        from sandbox_conformance.processes import cancel
         cancel.install("test")
         getattr(cancel, "begin", lambda: None)()  # (before issue 28, install raised at once)
         try:

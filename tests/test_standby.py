@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import handover
+from sandbox_conformance.conformance import handover
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -23,11 +23,11 @@ REPO = Path(__file__).resolve().parent.parent
 # test's leftovers), and a fork is only made from a process with one.
 SCENARIO = textwrap.dedent("""
     import json, os, signal, sys, time
-    from conformance import handover
-    from probes import cancel
-    from probes.finding import Finding, Verdict
-    from runners import native
-    from runners.witness_args import WitnessOptions
+    from sandbox_conformance.conformance import handover
+    from sandbox_conformance.processes import cancel
+    from sandbox_conformance.probes.finding import Finding, Verdict
+    from sandbox_conformance.runners import native
+    from sandbox_conformance.runners.witness_args import WitnessOptions
 
     mode, out = sys.argv[1], sys.argv[2]
     cancel.install("scenario")
@@ -107,12 +107,12 @@ def test_a_child_past_its_timeout_is_killed_with_its_group(tmp_path: Path) -> No
 
 
 def test_with_a_thread_running_the_child_is_spawned_and_a_discarded_one_says_nothing(tmp_path: Path) -> None:
-    """The fallback: `python -m commands.cli witness --standby-fd N`, the real command, which exits 0
+    """The fallback: `python -m sandbox_conformance witness --standby-fd N`, the real command, which exits 0
     without a line and without a layout when the run goes another way."""
     code = textwrap.dedent("""
         import threading
-        from runners import native
-        from runners.witness_args import WitnessOptions
+        from sandbox_conformance.runners import native
+        from sandbox_conformance.runners.witness_args import WitnessOptions
         stop = threading.Event()
         threading.Thread(target=stop.wait).start()
         try:
@@ -139,7 +139,8 @@ def test_the_pipe_says_go_with_the_record_or_nothing() -> None:
 
 
 def test_a_standby_descriptor_that_is_not_open_is_a_usage_error() -> None:
-    done = subprocess.run([sys.executable, "-m", "commands.cli", "witness", handover.STANDBY_FLAG, "987"],
+    done = subprocess.run([sys.executable, "-m", "sandbox_conformance", "witness", handover.STANDBY_FLAG,
+                           "987"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
@@ -153,7 +154,7 @@ def test_a_bad_option_found_while_standing_by_is_said_only_once_told_to_go(tmp_p
     r, w = os.pipe()
     try:
         child = subprocess.Popen(
-            [sys.executable, "-m", "commands.cli", "witness", handover.STANDBY_FLAG, str(r),
+            [sys.executable, "-m", "sandbox_conformance", "witness", handover.STANDBY_FLAG, str(r),
              "--profile", str(tmp_path / "missing.toml")],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=(r,),
             env={**os.environ, "TMPDIR": str(tmp_path)})
@@ -191,7 +192,7 @@ def test_run_probes_once_and_its_forked_witness_launches_with_those_findings(tmp
     wrapper.chmod(0o755)
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"}
     env.pop("SANDBOX_CONFORMANCE_MODE", None)
-    done = subprocess.run([sys.executable, "-m", "commands.cli", "run", "--mode", "native", "--json",
+    done = subprocess.run([sys.executable, "-m", "sandbox_conformance", "run", "--mode", "native", "--json",
                            str(tmp_path / "r.json")], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode in (0, 1), done.stderr

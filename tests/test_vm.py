@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from probes import owner
-from probes.run import Completed
-from runners.progress import Progress, result_word
-from runners.vm import image as vm_image
-from runners.vm import mode as vm_mode
-from runners.vm import qemu as vm
-from runners.vm import suite as vm_suite
-from runners.vm.image import (
+from sandbox_conformance.processes import owner
+from sandbox_conformance.processes.run import Completed
+from sandbox_conformance.runners.progress import Progress, result_word
+from sandbox_conformance.runners.vm import image as vm_image
+from sandbox_conformance.runners.vm import mode as vm_mode
+from sandbox_conformance.runners.vm import qemu as vm
+from sandbox_conformance.runners.vm import suite as vm_suite
+from sandbox_conformance.runners.vm.image import (
     ImageError,
     VmImage,
     elf_has_interpreter,
@@ -38,8 +38,16 @@ from runners.vm.image import (
     newc_archive,
     parse_meta_depends,
 )
-from runners.vm.qemu import Accel, VmError, VmResult, check_workdir, kernel_cmdline, qemu_argv, run_in_vm
-from runners.witness_args import WitnessOptions
+from sandbox_conformance.runners.vm.qemu import (
+    Accel,
+    VmError,
+    VmResult,
+    check_workdir,
+    kernel_cmdline,
+    qemu_argv,
+    run_in_vm,
+)
+from sandbox_conformance.runners.witness_args import WitnessOptions
 
 # The VM tier's oracle: run inside the guest under `python3 -I -S`, it reports what it saw as JSON.
 SELFCHECK = Path(__file__).resolve().with_name("vm_selfcheck.py")
@@ -436,7 +444,7 @@ def test_inputs_are_copied_into_the_share_and_reports_come_back_per_leg(tmp_path
     assert reports == {str(work / "out-report-{label}.json"): str(tmp_path / "out" / "r-{label}.json")}
     argv = vm_mode.guest_argv(opts, leg_specs=["root", "u:u"], summary=work / "s.json", timeout=60,
                               python="/venv/bin/python")
-    assert argv[:3] == ["/venv/bin/python", "-m", "runners.vm.suite"]
+    assert argv[:3] == ["/venv/bin/python", "-m", "sandbox_conformance.runners.vm.suite"]
     assert argv[argv.index("--") + 1:] == opts.argv()
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--leg"] == ["root", "u:u"]
     assert "--controls" not in argv
@@ -481,7 +489,7 @@ def vm_suite_run(tmp_path_factory, test_user):
     require switch, then the cgroup negative controls, in the same guest (runners/vm/suite.py)."""
     _image_or_skip()
     out = tmp_path_factory.mktemp("vm-suite")
-    # Only this process's workdirs (named with its stamp, probes/owner.py): another run on the machine
+    # Only this process's workdirs (named with its stamp, processes/owner.py): another run on the machine
     # makes and removes its own meanwhile.
     ours = f"sbxc-vm.{owner.stamp()}*"
     before = set(Path("/var/tmp").glob(ours))
@@ -654,7 +662,7 @@ def test_under_tcg_the_guest_suite_gets_a_launch_timeout_sized_for_emulation():
     assert head[head.index("--launch-timeout") + 1] == "120.0"
     # The guest driver puts it on the witness command, before any `-- PYTEST ARGS`.
     leg = vm_suite.witness_argv("root", "u", opts.argv(), launch_timeout=120.0, python="/py")
-    assert leg[:4] == ["/py", "-m", "commands.cli", "witness"]
+    assert leg[:4] == ["/py", "-m", "sandbox_conformance", "witness"]
     assert leg[leg.index("--timeout") + 1] == "120.0" and leg.index("--timeout") < leg.index("--")
     assert leg[leg.index("--") + 1:] == ["-k", "cgroup"]
     assert "--timeout" not in vm_suite.witness_argv("root", None, [], launch_timeout=None)

@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conformance.cgroup_leaf import CgroupError, LeafLimits, task_leaf, unique_name
-from runners.cgroup_setup import Setup, SetupError, SetupMode
+from sandbox_conformance.conformance.cgroup_leaf import CgroupError, LeafLimits, task_leaf, unique_name
+from sandbox_conformance.runners.cgroup_setup import Setup, SetupError, SetupMode
 
 PY = "/usr/bin/python3"
 MB = 1 << 20

@@ -20,7 +20,7 @@ def witness(
     if "XDG_STATE_HOME" in os.environ:  # the session's (tests/conftest.py), for the logs red runs keep
         full.setdefault("XDG_STATE_HOME", os.environ["XDG_STATE_HOME"])
     return subprocess.run(
-        [sys.executable, "-m", "commands.cli", "witness", *args],
+        [sys.executable, "-m", "sandbox_conformance", "witness", *args],
         cwd=REPO,
         text=True,
         capture_output=True,

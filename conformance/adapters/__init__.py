@@ -1,8 +1,9 @@
 """Adapters: sandboxes this project did not write, each as an external-launcher prefix plus a
 profile of what that tool promises under the options the prefix uses.
 
-    sandbox-conformance witness --profile "$(python -m conformance.adapters profile unshare)" \\
-        --launcher "$(python -m conformance.adapters launcher unshare)" --launcher-spec --launcher-stdin
+    adapters="python -m sandbox_conformance.conformance.adapters"
+    sandbox-conformance witness --profile "$($adapters profile unshare)" \\
+        --launcher "$($adapters launcher unshare)" --launcher-spec --launcher-stdin
 
 or `resolve(name)` from Python. An adapter that cannot run here raises `Unavailable` with the one
 line a person can act on (the witness command turns it into exit 75; tests skip with it).
@@ -59,7 +60,7 @@ class Adapter:
 
 def profile_path(file: str) -> Path:
     """The packaged profile as a real path (package data; an editable or a wheel install alike)."""
-    ref = resources.files("conformance.adapters") / file
+    ref = resources.files("sandbox_conformance.conformance.adapters") / file
     return Path(str(ref))
 
 
@@ -69,47 +70,49 @@ def _python() -> str:
 
 
 def _unshare(as_user: str | None, env: Mapping[str, str]) -> str:
-    from conformance.adapters import unshare
+    from sandbox_conformance.conformance.adapters import unshare
 
     return unshare.prefix()
 
 
 def _oci(runtime: str) -> Callable[[str | None, Mapping[str, str]], str]:
     def build(as_user: str | None, env: Mapping[str, str]) -> str:
-        from conformance.adapters import oci
+        from sandbox_conformance.conformance.adapters import oci
 
         euid = os.geteuid() if as_user is None else 1  # any non-root uid: --as-user runs it rootless
         why = oci.unavailable(runtime, euid=euid)
         if why:
             raise Unavailable(why)
-        return shlex.join([_python(), "-m", "conformance.adapters.oci", "--runtime", runtime, "--"])
+        return shlex.join([_python(), "-m", "sandbox_conformance.conformance.adapters.oci", "--runtime",
+                           runtime,
+                           "--"])
 
     return build
 
 
 def _systemd_run(as_user: str | None, env: Mapping[str, str]) -> str:
-    from conformance.adapters import systemd_run
+    from sandbox_conformance.conformance.adapters import systemd_run
 
     return systemd_run.prefix()
 
 
 def _docker(as_user: str | None, env: Mapping[str, str]) -> str:
-    from conformance.adapters import docker
+    from sandbox_conformance.conformance.adapters import docker
 
     return docker.prefix(env)
 
 
 def _podman(as_user: str | None, env: Mapping[str, str]) -> str:
-    from conformance.adapters import podman
+    from sandbox_conformance.conformance.adapters import podman
 
     why = podman.unavailable(env)
     if why:
         raise Unavailable(why)
-    return shlex.join([_python(), "-m", "conformance.adapters.podman", "--"])
+    return shlex.join([_python(), "-m", "sandbox_conformance.conformance.adapters.podman", "--"])
 
 
 def _firejail(as_user: str | None, env: Mapping[str, str]) -> str:
-    from conformance.adapters import firejail
+    from sandbox_conformance.conformance.adapters import firejail
 
     return firejail.prefix()
 
@@ -121,17 +124,17 @@ def _nspawn(as_user: str | None, env: Mapping[str, str]) -> str:
         raise Unavailable(
             "systemd-nspawn not installed (apt-get install --no-install-recommends systemd-container)"
         )
-    return shlex.join([_python(), "-m", "conformance.adapters.nspawn", "--"])
+    return shlex.join([_python(), "-m", "sandbox_conformance.conformance.adapters.nspawn", "--"])
 
 
 def _srt(as_user: str | None, env: Mapping[str, str]) -> str:
-    from conformance.adapters import srt
+    from sandbox_conformance.conformance.adapters import srt
 
     return srt.prefix(env)
 
 
 def _codex(as_user: str | None, env: Mapping[str, str]) -> str:
-    from conformance.adapters import codex
+    from sandbox_conformance.conformance.adapters import codex
 
     return codex.prefix(env)
 
@@ -211,10 +214,12 @@ def resolve(name: str, *, as_user: str | None = None, env: Mapping[str, str] | N
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m conformance.adapters (list | profile NAME | launcher NAME | args NAME) [--as-user U]`."""
+    """`python -m sandbox_conformance.conformance.adapters (list | profile NAME | launcher NAME | args NAME)
+    [--as-user U]`."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m conformance.adapters", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m sandbox_conformance.conformance.adapters",
+                                description=main.__doc__)
     p.add_argument("what", choices=("list", "profile", "launcher", "args"))
     p.add_argument("name", nargs="?")
     p.add_argument("--as-user", metavar="NAME", help="the user the witness will launch tasks as")

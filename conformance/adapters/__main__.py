@@ -1,5 +1,5 @@
 import sys
 
-from conformance.adapters import main
+from sandbox_conformance.conformance.adapters import main
 
 sys.exit(main())

@@ -18,7 +18,7 @@ Codex writes its helper's alias there and refuses to do so under the temp dir (t
 start: "execvp codex-linux-sandbox"). HOME is the task's workdir, as for the other adapters.
 
 Launcher command (the witness appends `python3 -I -S -`, run here with the pinned /usr/bin/python3):
-    PYTHON -m conformance.adapters.codex --
+    PYTHON -m sandbox_conformance.conformance.adapters.codex --
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from conformance.adapters import Unavailable
-from conformance.adapters.srt import (
+from sandbox_conformance.conformance.adapters import Unavailable
+from sandbox_conformance.conformance.adapters.srt import (
     EX_USAGE,
     SYSTEM_PATH,
     installed,
@@ -81,7 +81,8 @@ def prefix(env: Mapping[str, str]) -> str:
     """The --launcher prefix; Unavailable when codex or node is missing."""
     cli(env)
     node(env)
-    return shlex.join([sys.executable or "python3", "-m", "conformance.adapters.codex", "--"])
+    return shlex.join([sys.executable or "python3", "-m", "sandbox_conformance.conformance.adapters.codex",
+                       "--"])
 
 
 def _toml(value: Any) -> str:
@@ -125,7 +126,7 @@ def codex_home() -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if "--" not in args or not args[args.index("--") + 1 :]:
-        print("usage: python -m conformance.adapters.codex -- CMD...", file=sys.stderr)
+        print("usage: python -m sandbox_conformance.conformance.adapters.codex -- CMD...", file=sys.stderr)
         return EX_USAGE
     cmd = pinned(args[args.index("--") + 1 :])
     try:

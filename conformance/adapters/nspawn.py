@@ -34,8 +34,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from conformance.adapters import _guarded, oci
-from conformance.profile import expand
+from sandbox_conformance.conformance.adapters import _guarded, oci
+from sandbox_conformance.conformance.profile import expand
 
 HOSTNAME = "sbxc-task"
 RUN_TIMEOUT = _guarded.RUN_TIMEOUT
@@ -138,7 +138,7 @@ def guard(name: str) -> int:
 def launch(args: Sequence[str], spec: Mapping[str, Any]) -> int:
     values = oci.values_from_spec(spec)
     name = f"sbxc-nspawn-{os.getpid()}-{secrets.token_hex(3)}"
-    guardian, w = _guarded.start_guardian("conformance.adapters.nspawn", name)
+    guardian, w = _guarded.start_guardian("sandbox_conformance.conformance.adapters.nspawn", name)
 
     def cleanup() -> None:
         # The hierarchy dies a moment after its last mount (an RCU grace period): wait for it, then
@@ -162,7 +162,7 @@ def launch(args: Sequence[str], spec: Mapping[str, Any]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m conformance.adapters.nspawn", description=__doc__.splitlines()[0]
+        prog="python -m sandbox_conformance.conformance.adapters.nspawn", description=__doc__.splitlines()[0]
     )
     p.add_argument("--guard", metavar="HIERARCHY", help=argparse.SUPPRESS)
     p.add_argument("args", nargs=argparse.REMAINDER, help="-- the task's argv")

@@ -21,7 +21,7 @@ EACCES, which rootless runc ignores when linux.cgroupsPath is empty. crun takes
 `--cgroup-manager=disabled` and runs as root or rootless.
 
 Launcher command (the witness appends `python3 -I -S -`):
-    PYTHON -m conformance.adapters.oci --runtime runc --
+    PYTHON -m sandbox_conformance.conformance.adapters.oci --runtime runc --
 State (`--root`) and the bundle live in a fresh temp dir; the container is deleted (`delete
 --force`) and the temp dir removed whatever happened, including SIGTERM."""
 
@@ -39,9 +39,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from conformance.adapters import _guarded
-from conformance.profile import PLACEHOLDERS, expand
-from probes import owner
+from sandbox_conformance.conformance.adapters import _guarded
+from sandbox_conformance.conformance.profile import PLACEHOLDERS, expand
+from sandbox_conformance.processes import owner
 
 RUNTIMES = ("runc", "crun", "runsc")
 SPEC_ENV = "SANDBOX_CONFORMANCE_TASK_SPEC"  # conformance.launch.SPEC_ENV (not imported: keep this light)
@@ -167,7 +167,7 @@ def _has_ns(config: Mapping[str, Any], kind: str) -> bool:
 def _shape() -> dict[str, str]:
     """Placeholder values with the layout's real nesting ({control} under {state}/users/...), so
     "is this path under that mount" can be answered on templates (conformance/layout.py)."""
-    from conformance.layout import Layout
+    from sandbox_conformance.conformance.layout import Layout
 
     lay = Layout(Path("/R"), "n", "T", "N", "U", 0, 0)
     return {**lay.values(), "user": lay.user}
@@ -296,7 +296,7 @@ def profile_toml(doc: Mapping[str, Any], header: str = "") -> str:
 PROFILE_HEADER = """\
 # The OCI adapter's profile (runc and crun alike), DERIVED from the bundle template in
 # conformance/adapters/oci.py by `derive_profile`: regenerate it with
-#     python -m conformance.adapters.oci --print-profile > conformance/adapters/oci.toml
+#     python -m sandbox_conformance.conformance.adapters.oci --print-profile > conformance/adapters/oci.toml
 # (tests/test_adapters_e2e.py::test_the_shipped_oci_profile_is_the_one_derived_from_the_bundle fails
 # when this file and the derivation differ).
 #
@@ -463,7 +463,7 @@ def guard(runtime: str) -> int:
     harness SIGKILLs the launcher's process group on a timeout, and the container is NOT in that
     group: runc and crun start it in a session of its own, so it would outlive us, hold the
     harness's stdout pipe open and keep its state and bundle on disk. The workspace carries the
-    guardian's stamp, not the launcher's: another run's sweep (probes/owner.py) removes a dead
+    guardian's stamp, not the launcher's: another run's sweep (processes/owner.py) removes a dead
     owner's directory and kills what names it, and must not race the guardian's own clean-up."""
     first = sys.stdin.buffer.readline().decode().split()
     if len(first) != 2 or not Path(first[0]).name.startswith(WORKSPACE_PREFIX):
@@ -485,15 +485,18 @@ def launch(runtime: str, args: Sequence[str], spec: Mapping[str, Any], config: M
     elif st.st_uid != 0:
         rendered["process"]["user"] = {"uid": st.st_uid, "gid": st.st_gid}
     cid = f"sbxc-{values['task_id']}-{secrets.token_hex(3)}"
-    guardian, w = _guarded.start_guardian("conformance.adapters.oci", runtime)
+    guardian, w = _guarded.start_guardian("sandbox_conformance.conformance.adapters.oci", runtime)
     # The guardian's stamp in the name: if this launcher and its guardian both die, the next run's
-    # sweep deletes the container and the workspace (probes/owner.py); while the guardian lives, no
+    # sweep deletes the container and the workspace (processes/owner.py); while the guardian lives, no
     # sweep touches it.
     start = owner.start_time(guardian.pid)
     stamp = owner.Stamp(guardian.pid, start, owner.host_key()) if start is not None else owner.mine()
     workspace = Path(tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{stamp}-{values['task_id']}-"))
     os.write(w, f"{workspace} {cid}\n".encode())
     state, bundle = workspace / "state", workspace / "bundle"
+    # If this launcher and its guardian both die, the sweep that removes the workspace deletes the
+    # container first (`delete --force` of an id never created is a harmless error).
+    owner.ask_before_removal(workspace, [runtime_argv(runtime, state, "delete", "--force", cid)])
 
     def prepare() -> None:
         state.mkdir(mode=0o700)
@@ -510,7 +513,7 @@ def launch(runtime: str, args: Sequence[str], spec: Mapping[str, Any], config: M
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m conformance.adapters.oci", description=__doc__.splitlines()[0]
+        prog="python -m sandbox_conformance.conformance.adapters.oci", description=__doc__.splitlines()[0]
     )
     p.add_argument("--runtime", choices=RUNTIMES)
     p.add_argument("--print-profile", action="store_true", help="print the profile derived from the bundle")

@@ -42,9 +42,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from conformance.adapters import _guarded, docker, oci
-from conformance.profile import expand
-from probes import owner
+from sandbox_conformance.conformance.adapters import _guarded, docker, oci
+from sandbox_conformance.conformance.profile import expand
+from sandbox_conformance.processes import owner
 
 WORKSPACE_PREFIX = "sbxc-pm-"  # short: podman refuses a runroot past 50 characters
 RUN_TIMEOUT = _guarded.RUN_TIMEOUT
@@ -187,7 +187,7 @@ def guard() -> int:
     """The guardian (oci.py `guard`): its first line on stdin names the workspace and the container;
     then it blocks until the launcher is gone (EOF, however it died) and cleans up. The workspace is
     stamped with the GUARDIAN's pid, not the launcher's: a launcher SIGKILLed (the lifecycle launch)
-    leaves its workspace to the guardian, and another run's sweep (probes/owner.py), which removes a
+    leaves its workspace to the guardian, and another run's sweep (processes/owner.py), which removes a
     dead owner's directory and kills what names it, must not race the guardian's clean-up (measured:
     a pause process left running, and /tmp chmod'ed by the racing removal)."""
     first = sys.stdin.buffer.readline().decode().split()
@@ -207,7 +207,7 @@ def launch(args: Sequence[str], spec: Mapping[str, Any]) -> int:
     # storage (/var/lib/containers, with a mount on it: measured): a long $TMPDIR gives way to /tmp.
     runroot = len(tempfile.gettempdir()) + len(WORKSPACE_PREFIX) + len(owner.stamp()) + len("/XXXXXXXX-/run")
     top = None if runroot <= 47 else "/tmp"  # the guardian's pid may have more digits than ours
-    guardian, w = _guarded.start_guardian("conformance.adapters.podman")
+    guardian, w = _guarded.start_guardian("sandbox_conformance.conformance.adapters.podman")
     start = owner.start_time(guardian.pid)
     stamp = owner.Stamp(guardian.pid, start, owner.host_key()) if start is not None else owner.mine()
     workspace = Path(tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{stamp}-", dir=top))
@@ -224,7 +224,7 @@ def launch(args: Sequence[str], spec: Mapping[str, Any]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m conformance.adapters.podman", description=__doc__.splitlines()[0]
+        prog="python -m sandbox_conformance.conformance.adapters.podman", description=__doc__.splitlines()[0]
     )
     p.add_argument("--guard", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("args", nargs=argparse.REMAINDER, help="-- the task's argv")

@@ -22,7 +22,7 @@ convenience, and with the caller's real home those would be host directories wri
 (the write-surface witness names them).
 
 Launcher command (the witness appends `python3 -I -S -`, run here with the pinned /usr/bin/python3):
-    PYTHON -m conformance.adapters.srt --
+    PYTHON -m sandbox_conformance.conformance.adapters.srt --
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from conformance.adapters import Unavailable
-from probes import owner
-from probes.run import die_with_parent
+from sandbox_conformance.conformance.adapters import Unavailable
+from sandbox_conformance.processes import owner
+from sandbox_conformance.processes.run import die_with_parent
 
 # Shared with conformance/adapters/codex.py, the other npm-installed agent sandbox: installed, npm_prefix,
 # tool_env, launcher_dir_entries,
@@ -105,7 +105,8 @@ def prefix(env: Mapping[str, str]) -> str:
     """The --launcher prefix; Unavailable when srt or what it runs on is missing."""
     cli(env)
     tools(env)
-    return shlex.join([sys.executable or "python3", "-m", "conformance.adapters.srt", "--"])
+    return shlex.join([sys.executable or "python3", "-m", "sandbox_conformance.conformance.adapters.srt",
+                       "--"])
 
 
 # ---- the settings, from the task spec ----------------------------------------------------------------
@@ -203,7 +204,7 @@ def read_spec(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any] | 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if "--" not in args or not args[args.index("--") + 1 :]:
-        print("usage: python -m conformance.adapters.srt -- CMD...", file=sys.stderr)
+        print("usage: python -m sandbox_conformance.conformance.adapters.srt -- CMD...", file=sys.stderr)
         return EX_USAGE
     cmd = pinned(args[args.index("--") + 1 :])
     try:
@@ -216,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # srt's own files (this settings file, its proxy sockets, its empty mount sources) go where srt's
     # TMPDIR says: a fresh short directory in /tmp, since a unix socket's path must fit in 108 bytes
     # (unix(7), sun_path) and the task's layout is deeper than that. Removed once srt has exited; the
-    # owner's stamp in its name lets a later sweep remove it after a SIGKILL (probes/owner.py).
+    # owner's stamp in its name lets a later sweep remove it after a SIGKILL (processes/owner.py).
     own = Path(tempfile.mkdtemp(prefix=f"{OWN_PREFIX}{owner.stamp()}-"))
     try:
         settings_file = own / "settings.json"

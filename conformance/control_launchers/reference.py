@@ -1,8 +1,8 @@
 """A negative control's launcher: the reference sandbox (conformance/bwrap_argv.py, embedded profile)
 with ONE thing changed, for promises the reference launcher cannot perturb itself.
 
-    python -m conformance.control_launchers.reference [--disable-userns] [--append=WORD]... [--join] \
-        [--mask-copy] [--offer-proxy] [--landlock-refuse=DIR] -- CMD...
+    python -m sandbox_conformance.conformance.control_launchers.reference [--disable-userns] \
+        [--append=WORD]... [--join] [--mask-copy] [--offer-proxy] [--landlock-refuse=DIR] -- CMD...
 
 Run by the witness suite as an external launcher (`--launcher 'PREFIX'`): the layout values come
 from the task spec named by $SANDBOX_CONFORMANCE_TASK_SPEC, CMD is `python3 -I -S -` with the witness
@@ -98,7 +98,7 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     if "--" not in argv:
         raise SandboxSetupError("expected `-- CMD...` after the options")
     cut = argv.index("--")
-    p = argparse.ArgumentParser(prog="conformance.control_launchers.reference")
+    p = argparse.ArgumentParser(prog="sandbox_conformance.conformance.control_launchers.reference")
     p.add_argument("--disable-userns", action="store_true")
     p.add_argument("--append", action="append", default=[])
     p.add_argument("--join", action="store_true")
@@ -141,7 +141,7 @@ def _layout_here(task_id: str, user: str | None = None) -> dict[str, str]:
     """The layout's values from where the launcher runs (the layout's root, conformance/layout.py) and
     the task id (and user) in its argv: a platform's sandbox knows its own paths, and the witness run
     gives this one no task spec. The other user is whoever else has a tree there."""
-    from conformance.layout import USER, Layout
+    from sandbox_conformance.conformance.layout import USER, Layout
 
     root, user = Path.cwd(), user or USER
     users = root / "state" / "users"
@@ -157,8 +157,8 @@ def _layout_here(task_id: str, user: str | None = None) -> dict[str, str]:
 def _spec() -> dict[str, object]:
     """What this launcher needs of the task: the layout's values (see _layout_here) and what the
     reference profile sets from them; the task spec itself where it is named instead."""
-    from conformance import profile
-    from conformance.launch import SPEC_ENV
+    from sandbox_conformance.conformance import profile
+    from sandbox_conformance.conformance.launch import SPEC_ENV
 
     if _LAYOUT:
         values = dict(_LAYOUT)
@@ -174,8 +174,8 @@ def _spec() -> dict[str, object]:
 
 def reference_body(spec: Mapping[str, object], *, disable_userns: bool) -> tuple[str, ...]:
     """The reference bwrap argv without its command."""
-    from conformance import bwrap_argv, profile
-    from conformance.harness import system_links
+    from sandbox_conformance.conformance import bwrap_argv, profile
+    from sandbox_conformance.conformance.harness import system_links
 
     values = {k: str(spec[k]) for k in profile.PLACEHOLDERS if k in spec}
     bwrap = shutil.which("bwrap")
@@ -428,7 +428,7 @@ def _canary_copy(spec: Mapping[str, object]) -> tuple[str, ...]:
 
 def _secret_file(spec: Mapping[str, object]) -> None:
     """What a platform does to hand a task its credentials: a .env in the task's working directory."""
-    from conformance.launch import SECRET_ENV
+    from sandbox_conformance.conformance.launch import SECRET_ENV
 
     env = Path(str(spec["task"]["workdir"])) / ".env"  # type: ignore[index]
     env.write_text(f"{SECRET_ENV}={os.environ.get(SECRET_ENV, '')}\n")
@@ -481,7 +481,7 @@ def _decoy(spec: Mapping[str, object], body: list[str], python: str) -> list[str
     """Start the decoy; return the body for the real task (the host's ipc namespace, every capability)
     and feed it the program with another tag and a short wait at the handshake."""
     program = sys.stdin.read()
-    from conformance.plan import plan_of, with_plan
+    from sandbox_conformance.conformance.plan import plan_of, with_plan
 
     plan = plan_of(program)
     subprocess.Popen(
@@ -543,8 +543,8 @@ def forge_document() -> int:
     """No sandbox and no task: read the plan the witness program carries and print the document a
     perfect sandbox would produce, echoing this launch's nonce, creating the files the writable
     witnesses look for on the host, and reading the host files the read-only ones compare."""
-    from conformance.plan import plan_of
-    from conformance.profile import SYSCALL_DOORS
+    from sandbox_conformance.conformance.plan import plan_of
+    from sandbox_conformance.conformance.profile import SYSCALL_DOORS
 
     plan = plan_of(sys.stdin.read())
 
@@ -604,7 +604,7 @@ def _mask_copy(spec: Mapping[str, object]) -> tuple[str, ...]:
     the host's files there (bwrap --file FD DEST), remounted read-only: no host storage is mounted at
     the path, yet what the mask must keep out is readable. A second tmpfs stacked on the reference's
     (whose --remount-ro already ran): the one on top serves the path."""
-    from conformance import profile
+    from sandbox_conformance.conformance import profile
 
     values = {k: str(spec[k]) for k in profile.PLACEHOLDERS if k in spec}
     words: list[str] = []
@@ -780,7 +780,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.seccomp_refuse:
             body += ["--seccomp", str(_seccomp_fd(args.seccomp_refuse))]
         if args.leak_secret_as:
-            from conformance.launch import SECRET_ENV
+            from sandbox_conformance.conformance.launch import SECRET_ENV
 
             body += ["--setenv", args.leak_secret_as, os.environ.get(SECRET_ENV, "")]
         if args.stale_control:

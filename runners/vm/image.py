@@ -10,7 +10,7 @@ host's.
 The cache lives outside the repo (/var/cache/sandbox-conformance/vm/<kernel>/ as root), one directory
 per kernel version; the initramfs file name carries a hash of everything that goes into it, so a
 change to INIT_SCRIPT or the module list makes a new one instead of booting a stale one.
-`ensure_image()` is the one function CI calls (`python3 -m runners.vm.image`).
+`ensure_image()` is the one function CI calls (`python3 -m sandbox_conformance.runners.vm.image`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from probes.run import Runner, minimal_env, run
+from sandbox_conformance.processes.run import Runner, minimal_env, run
 
 # The modules /init loads, in the order it loads them: transports first (virtio_pci finds the
 # virtio-9p-pci devices qemu adds), then 9p (which in 6.x depends on netfs and fscache) and overlay.
@@ -429,7 +429,7 @@ def refresh_initramfs(directory: Path, *, busybox: Path = BUSYBOX) -> VmImage | 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m runners.vm.image",
+    parser = argparse.ArgumentParser(prog="python3 -m sandbox_conformance.runners.vm.image",
                                      description="Build (once) the VM mode's kernel + initramfs cache.")
     parser.add_argument("--cache", type=Path, default=None, help="cache root (default: %(default)s)")
     parser.add_argument("--package", default=None, help="kernel package (default: what linux-image-amd64 "

@@ -23,13 +23,13 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from probes import owner
-from probes.exits import EXIT_FAIL, EXIT_UNAVAILABLE
-from probes.run import minimal_env
-from runners.progress import HEARTBEAT, Progress
-from runners.vm import image as vm_image
-from runners.vm import qemu as vm
-from runners.witness_args import WitnessOptions
+from sandbox_conformance.processes import owner
+from sandbox_conformance.processes.exits import EXIT_FAIL, EXIT_UNAVAILABLE
+from sandbox_conformance.processes.run import minimal_env
+from sandbox_conformance.runners.progress import HEARTBEAT, Progress
+from sandbox_conformance.runners.vm import image as vm_image
+from sandbox_conformance.runners.vm import qemu as vm
+from sandbox_conformance.runners.witness_args import WitnessOptions
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_USER = "sbxc-test"
@@ -91,7 +91,8 @@ def inside_options(options: WitnessOptions, workdir: Path) -> tuple[WitnessOptio
 def guest_argv(opts: WitnessOptions, *, leg_specs: list[str], summary: Path, timeout: float,
                python: str = sys.executable, controls: Sequence[str] = (),
                controls_json: Path | None = None, launch_timeout: float | None = None) -> list[str]:
-    argv = [python, "-m", "runners.vm.suite", "--summary", str(summary), "--timeout", str(timeout)]
+    argv = [python, "-m", "sandbox_conformance.runners.vm.suite", "--summary", str(summary),
+            "--timeout", str(timeout)]
     if launch_timeout is not None:
         argv += ["--launch-timeout", str(launch_timeout)]
     for leg in leg_specs:
@@ -141,7 +142,7 @@ def run_vm(options: WitnessOptions, *, timeout: float, say: Callable[[str], None
     leg_specs = legs(options)
     # /var/tmp: on the host's / (never a tmpfs the guest would not see through 9p), and outside /run.
     # The owner's stamp in the name: a run that is SIGKILLed leaves this behind (qemu dies with it),
-    # and the next run sweeps it, here (probes/owner.py).
+    # and the next run sweeps it, here (processes/owner.py).
     owner.sweep_once()
     with tempfile.TemporaryDirectory(prefix=f"sbxc-vm.{owner.stamp()}.", dir="/var/tmp") as tmp:
         workdir = Path(tmp)

@@ -1,6 +1,7 @@
 """Inside the VM: the cgroup set-up step, then the witness suite once per leg; one exit code for all.
 
-    python -m runners.vm.suite --leg root --leg sbxc-test:sbxc-test --summary FILE -- WITNESS ARGS...
+    python -m sandbox_conformance.runners.vm.suite --leg root --leg sbxc-test:sbxc-test --summary FILE \
+        -- WITNESS ARGS...
 
 Run by runners/vm/mode.py as the guest's command (root, cwd = the checkout, which the guest sees at
 the same path through its 9p view of the host's /). A leg is LABEL or LABEL:USER; a leg with a user
@@ -29,11 +30,11 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from probes.cgroupfs import PROMISE_ENV
-from probes.run import run
-from runners.cgroup_setup import Setup, SetupError, SetupMode
-from runners.progress import result_word
-from runners.vm.stage2 import PROGRESS_ENV
+from sandbox_conformance.kernel.cgroupfs import PROMISE_ENV
+from sandbox_conformance.processes.run import run
+from sandbox_conformance.runners.cgroup_setup import Setup, SetupError, SetupMode
+from sandbox_conformance.runners.progress import result_word
+from sandbox_conformance.runners.vm.stage2 import PROGRESS_ENV
 
 # `controls --timeout`'s own default (commands/controls.py RUN_TIMEOUT): one perturbed witness run.
 CONTROLS_RUN_TIMEOUT = 120.0
@@ -87,14 +88,14 @@ def witness_argv(label: str, user: str | None, witness: Sequence[str], *,
                  launch_timeout: float | None, python: str = sys.executable) -> list[str]:
     """One leg's witness command. The launch timeout goes before the witness arguments, which may end
     with `-- PYTEST ARGS`."""
-    return [python, "-m", "commands.cli", "witness",
+    return [python, "-m", "sandbox_conformance", "witness",
             *(["--timeout", str(launch_timeout)] if launch_timeout is not None else []),
             *(["--as-user", user] if user else []),
             *(a.replace("{label}", label) for a in witness)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runners.vm.suite")
+    parser = argparse.ArgumentParser(prog="python -m sandbox_conformance.runners.vm.suite")
     parser.add_argument("--leg", action="append", required=True, type=parse_leg)
     parser.add_argument("--summary", required=True, help="JSON file for the per-leg results")
     parser.add_argument("--timeout", type=float, default=3600.0, help="per leg")
@@ -155,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_controls(names: str, out: str | None, *, env: dict[str, str], timeout: float,
                  summary: dict[str, object], launch_timeout: float | None = None) -> int | None:
-    argv = [sys.executable, "-m", "commands.cli", "controls", "--only", names, "--json"]
+    argv = [sys.executable, "-m", "sandbox_conformance", "controls", "--only", names, "--json"]
     if launch_timeout is not None:
         # The legs' TCG-sized launch timeout (runners/vm/mode.py), for each perturbed witness run too:
         # the controls' 30 s default is sized for a native launch (seen timing out under TCG at load 8).

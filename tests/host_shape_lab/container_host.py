@@ -108,7 +108,7 @@ def seccomp_shape(env: dict[str, str], repo: str, image: str) -> dict[str, objec
     """A plain `docker run` (default seccomp profile, capabilities and masked paths), the project run
     from the read-only checkout: the probe as root and --as-user the image's user, `run` (auto) as
     root and as that user, and bwrap's own words for each."""
-    cli = ["python3", "-m", "commands.cli"]
+    cli = ["python3", "-m", "sandbox_conformance"]
     bwrap = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/",
              "--proc", "/proc", "true"]
     as_user = ["setpriv", "--reuid=sbxc", "--regid=sbxc", "--init-groups", "--reset-env", "--"]

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from probes import mountinfo
-from probes.errnos import errname
+from sandbox_conformance.kernel import mountinfo
+from sandbox_conformance.kernel.errnos import errname
 
 # include/uapi/linux/magic.h
 CGROUP2_SUPER_MAGIC = 0x63677270

@@ -2,7 +2,7 @@
 nothing running (docs/cancellation.md).
 
     cancel.install("witness")        # commands/cli.py, once, before anything is started
-    ...                              # probes.run.run() tracks each child's process group
+    ...                              # processes.run.run() tracks each child's process group
     except cancel.Cancelled as e:
         return cancel.finish(e)      # the verdict line; 143, 130 or 129
 
@@ -11,13 +11,13 @@ main thread wherever it is, and every `finally` and context manager on the way o
 other exit (run() stops its child's group, layouts and cgroup leaves are removed, `docker rm` runs).
 At the same moment a stopper thread signals every child group still tracked (those run() waits for
 in other threads too: the controls' parallel witness runs), and SIGKILLs what is left after
-probes.run.STOP_GRACE. Further signals are ignored: they would only abort the clean-up. `finish`
-then sweeps what the unwinding missed (probes/owner.py: our own stamped directories, and any of a
+processes.kills.STOP_GRACE. Further signals are ignored: they would only abort the clean-up. `finish`
+then sweeps what the unwinding missed (processes/owner.py: our own stamped directories, and any of a
 dead run), and prints the verdict line.
 
 SIGKILL runs no handler, so two things act without us:
-- every child gets a parent-death signal (PR_SET_PDEATHSIG, set in probes.run's preexec);
-- the guardian (probes/guardian.py), a process of its own started by install(), holds the read end
+- every child gets a parent-death signal (PR_SET_PDEATHSIG, set in processes.run's preexec);
+- the guardian (processes/guardian.py), a process of its own started by install(), holds the read end
   of a pipe only we write. It learns each child group, cgroup leaf and undo command (`docker rm`) as
   we make them, and when the pipe reaches EOF with any still registered, we are dead: it stops them.
 Directories are left to the next run's sweep, which says on stderr what it removed.
@@ -47,7 +47,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any
 
-from probes import child_exit, owner
+from sandbox_conformance.processes import child_exit, kills, owner
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 GUARDIAN = Path(__file__).with_name("guardian.py")
@@ -262,16 +262,12 @@ class deferred(contextlib.AbstractContextManager["deferred"]):  # lower case: `w
 
 
 def _stop_all() -> None:
-    from probes.run import STOP_GRACE
-
-    stop_groups(dict(_state.groups), grace=STOP_GRACE, tracked=True)
+    stop_groups(dict(_state.groups), grace=kills.STOP_GRACE, tracked=True)
 
 
 def stop_groups(groups: Mapping[int, int], *, grace: float, tracked: bool = False) -> None:
     """Each group's stop signal, then SIGKILL for what is still there after `grace`. tracked: wait
     for run() to forget them (it has reaped the leader) rather than for the group to be empty."""
-    from probes import kills
-
     for pgid, sig in groups.items():
         kills.killpg(pgid, sig, "the run was cancelled")
     deadline = time.monotonic() + grace
@@ -370,7 +366,7 @@ def _start_guardian() -> None:
 
 
 def forked() -> None:
-    """In a copy of this process made by fork (probes/run.py Forked), before it does anything: what
+    """In a copy of this process made by fork (processes/run.py Forked), before it does anything: what
     install() set up was its parent's. Its guardian's pipe is closed here, so that guardian sees the
     end of it when the parent dies, not when the copy does; the parent's groups are not ours to stop;
     the copy's own install() starts a guardian of its own."""
@@ -421,11 +417,10 @@ def uninstall() -> None:
 def finish(exc: Cancelled) -> int:
     """The end of a cancelled run: stop any child group still tracked, sweep what the unwinding
     left (ours, and any dead run's), print the verdict line. Returns the exit code."""
-    from probes.run import STOP_GRACE
 
     _state.received = _state.received or exc  # handlers now ignore further signals
     _state.owed = False  # it is being handled here
-    stop_groups(dict(_state.groups), grace=STOP_GRACE, tracked=True)
+    stop_groups(dict(_state.groups), grace=kills.STOP_GRACE, tracked=True)
     owner.say(owner.sweep(include_self=True))
     close()
     # Our reader may be gone (a parent killed with SIGKILL closed the pipe): the verdict line is then

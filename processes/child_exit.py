@@ -2,9 +2,9 @@
 
 Popen.wait(timeout=...) polls, sleeping 0.5, 1, 2, 4 ... up to 50 ms between looks
 (subprocess.Popen._wait), so a child that exits is noticed up to 50 ms late: a witness launch paid
-that on every task, and every command paid ~7 ms waiting for its guardian to go (probes/cancel.py
+that on every task, and every command paid ~7 ms waiting for its guardian to go (processes/cancel.py
 close). A pidfd (pidfd_open(2), Linux 5.3) becomes readable the moment the child exits. Imported by
-probes/run.py and probes/cancel.py, so it imports neither."""
+processes/run.py and processes/cancel.py, so it imports neither."""
 
 from __future__ import annotations
 

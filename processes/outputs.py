@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from probes.exits import UsageError
+from sandbox_conformance.processes.exits import UsageError
 
 # (flag, value): an option as the user gave it; value None means the option was not given.
 Named = tuple[str, "str | None"]

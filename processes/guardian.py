@@ -1,9 +1,9 @@
 """The guardian: a small process that outlives its owner (a `sandbox-conformance` command) and undoes
 what the owner left running when it dies without its own clean-up, that is, by SIGKILL.
 
-    python3 -I -S probes/guardian.py OWNER_PID      # stdin: the owner's end of a pipe
+    python3 -I -S processes/guardian.py OWNER_PID      # stdin: the owner's end of a pipe
 
-It reads one JSON line per registration from stdin, which only its owner can write (probes/cancel.py):
+It reads one JSON line per registration from stdin, which only its owner can write (processes/cancel.py):
     {"key": 3, "group": 4242, "signal": 15}              a process group the owner started
     {"key": 4, "cgroup": "/sys/fs/cgroup/.../task-..."}  a cgroup leaf the owner made
     {"key": 5, "argv": [...], "env": {...}, "timeout": 60} a command that undoes something (docker rm)
@@ -75,7 +75,7 @@ def stop_groups(groups: dict[int, int], grace: float = GRACE) -> list[str]:
 
 
 def remove_cgroup(path: str, timeout: float = 10.0) -> str:
-    """cgroup.kill, then rmdir bottom-up (probes/owner.py remove_cgroup: duplicated here, this file
+    """cgroup.kill, then rmdir bottom-up (processes/owner.py remove_cgroup: duplicated here, this file
     imports nothing of ours)."""
     if not os.path.isdir(path):
         return ""
@@ -183,7 +183,7 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     code = main(sys.argv)
-    # Its owner waits for it to go (probes/cancel.py close): out at once, without the interpreter's
+    # Its owner waits for it to go (processes/cancel.py close): out at once, without the interpreter's
     # teardown of every module (a few ms of every command's end). Nothing is buffered but stderr.
     try:  # noqa: SIM105 - not contextlib.suppress: see the docstring
         sys.stderr.flush()

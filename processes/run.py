@@ -2,7 +2,7 @@
 
 Every child dies with us: it gets a parent-death signal (PR_SET_PDEATHSIG, SIGKILL unless the caller
 names a gentler one for a child of ours that cleans up after itself), and its process group is
-tracked for probes/cancel.py (stopped on SIGTERM/SIGINT/SIGHUP, and by the guardian if we are
+tracked for processes/cancel.py (stopped on SIGTERM/SIGINT/SIGHUP, and by the guardian if we are
 SIGKILLed). The kernel sends the parent-death signal when the THREAD that forked the child exits, not
 the process (prctl(2)): run() never returns while its child runs, so the calling thread always
 outlives it, whichever thread that is."""
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
-from probes import cancel, child_exit, kills
+from sandbox_conformance.processes import cancel, child_exit, kills
 
 T = TypeVar("T")
 
@@ -136,9 +136,7 @@ def minimal_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-# A cancelled run gives each child group this long between SIGTERM and SIGKILL: enough for a witness
-# run of ours to remove its layout and leaves, or an OCI launcher to delete its container.
-STOP_GRACE = 10.0
+STOP_GRACE = kills.STOP_GRACE  # SIGTERM, this long, then SIGKILL (processes/kills.py says why)
 
 
 def kill_group(pgid: int, reason: str = "its leader had exited: what it left in its group") -> None:
@@ -335,7 +333,7 @@ class Background(Generic[T]):
 
 class Forked:
     """body() in a forked copy of this process, held as run() holds a command: a session of its own
-    (killed as a group), `die_with` as its parent-death signal, tracked for probes/cancel.py and the
+    (killed as a group), `die_with` as its parent-death signal, tracked for processes/cancel.py and the
     guardian, a timeout in wait(). What a child of ours gains by being forked rather than executed:
     the interpreter and every module this process has imported, ready (runners/native.py Standby).
 
@@ -399,7 +397,7 @@ class Forked:
 
     def _reap(self, within: float | None) -> bool:
         """Reap it, waiting up to `within` seconds (None: for as long as it takes): True once it is
-        reaped, its code in returncode. A pidfd wakes the moment it exits (probes/child_exit.py);
+        reaped, its code in returncode. A pidfd wakes the moment it exits (processes/child_exit.py);
         where there is none, a short poll."""
         if within is not None:
             exited = child_exit.exited(self.pid, within)

@@ -29,21 +29,29 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from probes import mountinfo
-from probes.errnos import errname
+from sandbox_conformance.kernel import mountinfo
+from sandbox_conformance.kernel.errnos import errname
 
-# The directories runs leave, by the prefix each module gives mkdtemp (kept in step with
-# conformance/layout.py, conformance/adapters/oci.py, conformance/adapters/podman.py,
-# conformance/adapters/srt.py,
-# commands/controls.py, runners/vm/mode.py, runners/vm/qemu.py, runners/container.py,
-# mrcheck/tiers.py; tests/test_cancel.py checks them).
-SWEPT_PREFIXES = ("sbxc-witness-", "sbxc-oci-", "sbxc-pm-", "sbxc-srt-", "sbxc-controls-", "sbxc-container.",
-                  "sbxc-vm.", "sbxc-kvm-trial-", "sbxc-mr-check.")
+# The directories runs leave: every owner names its own `sbxc-KIND-` (or `sbxc-KIND.`) and puts its
+# stamp right after it (`tempfile.mkdtemp(prefix=f"{PREFIX}{owner.stamp()}-")`); this floor knows only
+# that shape, not the owners (tests/test_cancel.py holds every mkdtemp of ours to it).
+OURS = "sbxc-"
+_OWNED = re.compile(OURS + r"[a-z][a-z-]*?[-.]o\d+\.\d+\.[0-9a-f]{8}")
+
+
+def owned(name: str) -> bool:
+    """Whether a directory entry's name is one of ours: `sbxc-KIND-` or `sbxc-KIND.` with a stamp."""
+    return _OWNED.match(name) is not None and find(name) is not None
+
+
+# What an owner asks to be done before its directory is removed (a runtime's `delete --force` of the
+# container whose state lives there): a JSON list of argvs in the directory itself, so a sweep in a
+# process that never imported that owner still does it. Run only when the file is the sweeper's own.
+BEFORE_REMOVAL = ".sbxc-before-removal"
 # A directory whose name the profile chooses (a layout named like a platform's, conformance/layout.py)
 # carries no stamp: a symlink beside it does, made before it, `.sbxc-owned-<stamp>-NAME -> NAME`.
 LABEL_PREFIX = ".sbxc-owned-"
 VAR_TMP = "/var/tmp"  # where the VM's scratch lives: on the host's /, visible to the guest over 9p
-OCI_RUNTIMES = ("crun", "runc")
 KILL_TIMEOUT = 10.0
 
 _STAMP = re.compile(r"o(\d+)\.(\d+)\.([0-9a-f]{8})")
@@ -215,8 +223,7 @@ def _labelled(top: str, label: str) -> str | None:
     return os.path.join(top, target) if target and "/" not in target and target not in (".", "..") else None
 
 
-def sweep(*, dirs: Sequence[str] | None = None, prefixes: Sequence[str] = SWEPT_PREFIXES,
-          include_self: bool = False) -> list[Swept]:
+def sweep(*, dirs: Sequence[str] | None = None, include_self: bool = False) -> list[Swept]:
     """Remove every stamped directory whose owner is gone (and ours too with include_self: the end
     of a cancelled run, once its children are stopped)."""
     me = mine()
@@ -228,7 +235,7 @@ def sweep(*, dirs: Sequence[str] | None = None, prefixes: Sequence[str] = SWEPT_
             continue
         for name in names:
             labelled = name.startswith(LABEL_PREFIX)
-            if not labelled and not name.startswith(tuple(prefixes)):
+            if not labelled and not owned(name):
                 continue
             owner = find(name)
             if owner is None or not (gone(owner) or (include_self and owner == me)):
@@ -263,12 +270,10 @@ def sweep(*, dirs: Sequence[str] | None = None, prefixes: Sequence[str] = SWEPT_
 
 def remove_dir(path: str) -> str:
     """Remove what a dead run left at `path`: first whatever still runs from it (a process whose
-    command line names it: qemu with its workdir, an OCI guardian), then an OCI runtime's containers
-    under its state root, then the tree. Returns "" or why it is still there."""
+    command line names it: qemu with its workdir, an OCI guardian), then what its owner asked for
+    (BEFORE_REMOVAL), then the tree. Returns "" or why it is still there."""
     kill_naming(path)
-    state = Path(path, "state")
-    if Path(path).name.startswith("sbxc-oci-") and state.is_dir():
-        _oci_delete(state)
+    before_removal(path)
     mounts = mounts_under(path)
     if mounts:
         # rmtree would walk into a mount and delete what it shows: never. The Docker tier's sweep
@@ -278,6 +283,44 @@ def remove_dir(path: str) -> str:
     if os.path.lexists(path):
         return "could not remove it"
     return ""
+
+
+def ask_before_removal(path: str | Path, argvs: Sequence[Sequence[str]]) -> None:
+    """Record, in the directory `path` just made, the commands to run before it is removed."""
+    import json
+
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    fd = os.open(os.path.join(path, BEFORE_REMOVAL), flags, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump([list(a) for a in argvs], f)
+
+
+def before_removal(path: str) -> None:
+    """Run what the owner of `path` recorded (ask_before_removal), each with a timeout. Only a file
+    that is ours (not a symlink, owned by this euid) in a directory that is ours: root's sweep never
+    runs a command another user wrote."""
+    import json
+    import subprocess
+
+    me = os.geteuid()
+    try:
+        fd = os.open(os.path.join(path, BEFORE_REMOVAL), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    with os.fdopen(fd) as f:
+        try:
+            if os.fstat(f.fileno()).st_uid != me or os.lstat(path).st_uid != me:
+                return
+            argvs = json.loads(f.read(65536))
+        except (OSError, ValueError):
+            return
+    if not isinstance(argvs, list):
+        return
+    for argv in argvs:
+        if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+            continue
+        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+            subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=20, check=False)
 
 
 def rmtree(path: str) -> None:
@@ -323,24 +366,6 @@ def mounts_under(path: str, table: Path = Path("/proc/self/mountinfo")) -> list[
     points = [m.mount_point for m in mountinfo.parse(table.read_text())
               if mountinfo.under(m.mount_point, path)]
     return sorted(points, key=len, reverse=True)
-
-
-def _oci_delete(state: Path) -> None:
-    """`RUNTIME --root STATE delete --force ID` for each container the runtime recorded there (one
-    directory per container id), with whichever runtimes exist: `delete --force` of an unknown id
-    is a harmless error."""
-    import subprocess
-
-    for cid in sorted(p.name for p in state.iterdir() if p.is_dir()):
-        for runtime in OCI_RUNTIMES:
-            exe = shutil.which(runtime)
-            if exe is None:
-                continue
-            argv = [exe, "--root", str(state), "delete", "--force", cid]
-            if runtime == "crun":
-                argv.insert(3, "--cgroup-manager=disabled")
-            with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-                subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=20, check=False)
 
 
 # ---- cgroup leaves ---------------------------------------------------------------------------------

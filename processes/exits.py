@@ -14,7 +14,7 @@ EXIT_OK = 0
 EXIT_FAIL = 1  # the suite (or a tier) ran and went red, or gave no verdict
 EXIT_USAGE = 2  # bad input: one line, nothing ran
 EXIT_UNAVAILABLE = 75  # EX_TEMPFAIL (sysexits.h): nothing was tested here; not a red suite
-# Stopped by a signal (docs/cancellation.md): the shell's 128 + N, which probes/cancel.py exits with.
+# Stopped by a signal (docs/cancellation.md): the shell's 128 + N, which processes/cancel.py exits with.
 EXIT_SIGHUP = 128 + signal.SIGHUP  # 129
 EXIT_SIGINT = 128 + signal.SIGINT  # 130
 EXIT_SIGTERM = 128 + signal.SIGTERM  # 143

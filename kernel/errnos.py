@@ -2,7 +2,7 @@
 localised and reworded between libc releases.
 
 The programs that run inside a task or a trial under `python3 -I -S` (conformance/inside.py,
-probes/_inside_ladder.py, probes/guardian.py, probes/sandboxed.py's TRIAL) import nothing of ours and
+probes/_inside_ladder.py, processes/guardian.py, probes/sandboxed.py's TRIAL) import nothing of ours and
 keep one-line copies of their own."""
 
 from __future__ import annotations

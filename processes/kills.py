@@ -6,7 +6,7 @@ said whether our timeout, our stop, the observer's leftover kill or something el
     kills.ended(done)                                  # "killed by SIGKILL (sent by ...)" or "... not by us"
 
 What is not here was not sent by this process: the guardian (which acts only once we are dead), another
-run's sweep (probes/owner.py kill_naming, in its own process), the kernel (the OOM killer logs in the
+run's sweep (processes/owner.py kill_naming, in its own process), the kernel (the OOM killer logs in the
 kernel's log, `dmesg`), a parent-death signal, or a process of the sandbox's own."""
 
 from __future__ import annotations
@@ -31,6 +31,11 @@ class Sent(NamedTuple):
                else "a cgroup")
         return f"{signal.Signals(self.signum).name} to {who} ({self.reason})"
 
+
+# A stopped child group gets this long between SIGTERM and SIGKILL (run.stop, cancel's stop of every
+# group): enough for a witness run of ours to remove its layout and leaves, or an OCI launcher to
+# delete its container.
+STOP_GRACE = 10.0
 
 _lock = threading.Lock()
 _sent: collections.deque[Sent] = collections.deque(maxlen=4096)
