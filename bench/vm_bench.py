@@ -77,7 +77,7 @@ def main() -> int:
     try:
         image = vm_image.ensure_image()
         accel = vm.Accel(args.accel) if args.accel else vm.select_accel(image)
-    except (vm_image.ImageError, vm.VmError) as e:
+    except (vm_image.ImageNotBuilt, vm.VmUnusable) as e:
         print(f"vm_bench: cannot run the VM here: {e}", file=sys.stderr)
         return 75
     boots, walls = [], []

@@ -157,7 +157,7 @@ def _read(done: Completed, junit: Path) -> Run:
         )
     try:
         results = judge_mod.parse_junit(text)
-    except judge_mod.JUnitError as e:
+    except judge_mod.UnreadableJUnit as e:
         return Run(None, f"unreadable JUnit file: {e}", done.argv, done.seconds)
     if why:
         return Run(None, why, done.argv, done.seconds)

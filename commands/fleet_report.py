@@ -114,7 +114,7 @@ def _read_json(path: Path, notes: list[str]) -> Any:
     try:
         # A regular file, read up to a bound (a FIFO would hang, /dev/zero fill memory: processes/inputs.py).
         return json.loads(inputs.read_bytes(path).decode(errors="replace"))
-    except (inputs.InputError, OSError, ValueError) as e:
+    except (inputs.UnusableInput, OSError, ValueError) as e:
         notes.append(f"{path.name}: unreadable ({type(e).__name__}: {str(e)[:80]})")
         return None
     except RecursionError:  # a 100,000-deep array: json's recursive decoder gives up (issue 28)

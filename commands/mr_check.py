@@ -24,8 +24,8 @@ import os
 import sys
 from pathlib import Path
 
-from sandbox_conformance.mrcheck.config import ConfigError, dead_globs, load, resolve
-from sandbox_conformance.mrcheck.git import GitError, collect, files_at_head, toplevel
+from sandbox_conformance.mrcheck.config import InvalidConfig, dead_globs, load, resolve
+from sandbox_conformance.mrcheck.git import GitRefused, collect, files_at_head, toplevel
 from sandbox_conformance.mrcheck.report import CheckReport, Invocation, ReportFormat, exit_code, plan, render
 from sandbox_conformance.mrcheck.tiers import TierResult, display_command, effective_mode, run_tier
 from sandbox_conformance.processes.exits import UsageError
@@ -63,7 +63,7 @@ def main(args: argparse.Namespace) -> int:
         changes = collect(cwd, args.base)
         for warning in dead_globs(config, files_at_head(root)):
             _warn(warning)
-    except (GitError, ConfigError) as e:
+    except (GitRefused, InvalidConfig) as e:
         raise UsageError(str(e)) from None
     # The environment's mode made explicit: a printed command must not depend on a variable the
     # reviewer's shell does not have.

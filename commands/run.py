@@ -83,7 +83,7 @@ def _validate(args: argparse.Namespace, request: Request) -> None:
         if path is not None:
             try:
                 inputs.read_bytes(path)  # a regular file within bounds (processes/inputs.py)
-            except inputs.InputError as e:
+            except inputs.UnusableInput as e:
                 raise UsageError(f"{flag} {path}: {e}") from None
     if args.as_user is not None:
         if request.mode is Mode.container:
@@ -403,7 +403,7 @@ def _run_container(args: argparse.Namespace, options: witness_args.WitnessOption
         image = args.image or container.build_image(engine, base=args.base_image, say=_say, progress=progress)
         legs = container.run_container(engine, options, image=image, timeout=args.timeout, say=_say,
                                        progress=progress)
-    except container.ContainerError as e:
+    except container.ContainerUnusable as e:
         verdict.refused(str(e), e.ways_on)
         return EXIT_UNAVAILABLE
     for leg in legs:

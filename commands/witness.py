@@ -325,7 +325,7 @@ def _validate(args: argparse.Namespace) -> Settings:
             skip=getattr(args, "skip", None) or (),
             adapter=getattr(args, "adapter", None) or None,
         )
-    except settings_mod.SettingsError as e:
+    except settings_mod.InvalidSettings as e:
         raise UsageError(str(e)) from None
 
 

@@ -46,7 +46,7 @@ PERTURBATIONS: Mapping[str, str] = {
 SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 
-class BuildError(ValueError):
+class UnbuildableProfile(ValueError):
     """The profile asks for something this launcher cannot build (a harness error, not a red witness)."""
 
 
@@ -115,7 +115,7 @@ def _mounts(profile: Profile, values: Mapping[str, str], perturb: frozenset[str]
         top = max(tops, key=_depth)
         hide = str(PurePosixPath(top) / PurePosixPath(absent).relative_to(top).parts[0])
         if hide == absent:
-            raise BuildError(
+            raise UnbuildableProfile(
                 f"cannot make {absent} absent: it is a direct child of the bound {top}, "
                 "and a bind mount cannot drop one entry"
             )
@@ -131,7 +131,7 @@ def reference_argv(
 ) -> tuple[str, ...]:
     unknown = set(perturbations) - set(PERTURBATIONS)
     if unknown:
-        raise BuildError(
+        raise UnbuildableProfile(
             f"unknown perturbation(s) {', '.join(sorted(unknown))}; known: {', '.join(PERTURBATIONS)}"
         )
     p, ns = perturbations, profile.namespaces

@@ -55,7 +55,7 @@ _SHIM = (
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
-class CgroupError(Exception):
+class CgroupUnusable(Exception):
     """A leaf could not be made, limited, emptied or removed: one line naming the file and errno."""
 
 
@@ -153,11 +153,11 @@ class Leaf(NamedTuple):
     def _write_inside(self, name: str, text: str) -> None:
         target = self.path / name
         if target.parent != self.path or "/" in name:
-            raise CgroupError(f"refusing to write {target}: outside the leaf {self.path}")
+            raise CgroupUnusable(f"refusing to write {target}: outside the leaf {self.path}")
         try:
             self.fs.write(target, text)
         except OSError as e:
-            raise CgroupError(f"write {text.strip()!r} to {target}: {errname(e)}") from e
+            raise CgroupUnusable(f"write {text.strip()!r} to {target}: {errname(e)}") from e
 
     def apply(self, limits: LeafLimits) -> dict[str, str]:
         """Write the limits; returns what was written. A missing memory.max/pids.max means the
@@ -168,7 +168,7 @@ class Leaf(NamedTuple):
                 continue  # no swap accounting in this kernel (CONFIG_MEMCG_SWAP off, or swapaccount=0)
             if not self.fs.exists(self.path / name):
                 controller = name.split(".")[0]
-                raise CgroupError(
+                raise CgroupUnusable(
                     f"{self.path / name} missing: the {controller} controller is not enabled "
                     f"in {self.root / 'cgroup.subtree_control'}"
                 )
@@ -177,7 +177,7 @@ class Leaf(NamedTuple):
         return written
 
     def kill(self, *, timeout: float = 5.0) -> KillMethod:
-        """SIGKILL everything in the leaf and wait until it is empty (or raise CgroupError)."""
+        """SIGKILL everything in the leaf and wait until it is empty (or raise CgroupUnusable)."""
         method = KillMethod.cgroup_kill
         if self.fs.exists(self.path / "cgroup.kill"):
             self._write_inside("cgroup.kill", "1")
@@ -191,7 +191,7 @@ class Leaf(NamedTuple):
             if not pids:
                 return method
             if time.monotonic() > deadline:
-                raise CgroupError(
+                raise CgroupUnusable(
                     f"{self.path}: still holds pids {pids[:8]} after {timeout:.0f} s of {method}"
                 )
             if method is KillMethod.signal_loop:
@@ -212,7 +212,7 @@ class Leaf(NamedTuple):
                 return
             except OSError as e:
                 if e.errno != errno.EBUSY or time.monotonic() > deadline:
-                    raise CgroupError(f"rmdir {self.path}: {errname(e)}") from e
+                    raise CgroupUnusable(f"rmdir {self.path}: {errname(e)}") from e
             time.sleep(0.02)
 
 
@@ -220,7 +220,7 @@ def leaf_path(root: Path, name: str) -> Path:
     """root/name, refusing any name that could leave root (a slash, "..", a dot file) or clash with a
     cgroup interface file (those all contain a dot after a controller name, e.g. "memory.max")."""
     if not _NAME.fullmatch(name) or name.startswith(("cgroup.", "memory.", "pids.", "cpu.", "io.")):
-        raise CgroupError(
+        raise CgroupUnusable(
             f"bad leaf name {name!r}: letters, digits, '_', '.', '-' only, and no interface-file names"
         )
     return root / name
@@ -232,13 +232,13 @@ def make_leaf(root: Path, name: str, limits: LeafLimits, *, fs: CgroupFs | None 
     try:
         fs.mkdir(path)
     except FileExistsError:
-        raise CgroupError(f"{path} already exists: a leaf is per task, never reused") from None
+        raise CgroupUnusable(f"{path} already exists: a leaf is per task, never reused") from None
     except OSError as e:
-        raise CgroupError(f"mkdir {path}: {errname(e)}") from e
+        raise CgroupUnusable(f"mkdir {path}: {errname(e)}") from e
     leaf = Leaf(root, path, fs)
     try:
         leaf.apply(limits)
-    except CgroupError:
+    except CgroupUnusable:
         leaf.remove()
         raise
     return leaf

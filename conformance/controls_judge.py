@@ -36,7 +36,7 @@ class Result:
     message: str = ""
 
 
-class JUnitError(ValueError):
+class UnreadableJUnit(ValueError):
     """Not a JUnit document we can read."""
 
 
@@ -71,18 +71,18 @@ def classify(case: ET.Element) -> Result:
 
 
 def parse_junit(text: str) -> dict[str, Result]:
-    """Every <testcase> by key(); a name seen twice (two modules) is a JUnitError: ambiguous."""
+    """Every <testcase> by key(); a name seen twice (two modules) is a UnreadableJUnit: ambiguous."""
     try:
         root = ET.fromstring(text)
     except ET.ParseError as e:
-        raise JUnitError(f"not XML: {e}") from None
+        raise UnreadableJUnit(f"not XML: {e}") from None
     if root.tag not in ("testsuites", "testsuite"):
-        raise JUnitError(f"not JUnit XML: root element <{root.tag}>")
+        raise UnreadableJUnit(f"not JUnit XML: root element <{root.tag}>")
     out: dict[str, Result] = {}
     for case in root.iter("testcase"):
         r = classify(case)
         if r.test in out:
-            raise JUnitError(f"two testcases named {r.test}")
+            raise UnreadableJUnit(f"two testcases named {r.test}")
         out[r.test] = r
     return out
 

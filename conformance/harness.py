@@ -34,9 +34,9 @@ from sandbox_conformance.conformance.launch import (
     REFERENCE,
     SECRET_ENV,
     SPEC_ENV,
-    HarnessError,
     Launcher,
     LauncherKind,
+    NoObservation,
     as_user_prefix,
     launch,
 )
@@ -107,16 +107,16 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         self.launcher_env = dict(launcher_env or {})
         self.layout_root = layout_root
         self._stack = contextlib.ExitStack()
-        self._tasks: dict[str, plan.Task | HarnessError] = {}
-        self._started: dict[str, Background[plan.Task | HarnessError]] = {}
+        self._tasks: dict[str, plan.Task | NoObservation] = {}
+        self._started: dict[str, Background[plan.Task | NoObservation]] = {}
         self.layout: layout.Layout | None = None
         self.host: plan.HostView | None = None
         self._daemon: socket.socket | None = None
-        self._lifecycle: dict[str, Any] | HarnessError | None = None
+        self._lifecycle: dict[str, Any] | NoObservation | None = None
         # Every launch of a task this session started (the main one, the lifecycle and terminal ones):
         # the report says how many, which bench/run_bench.py's floor counts.
         self.launches = 0
-        self._terminal: dict[str, Any] | HarnessError | None = None
+        self._terminal: dict[str, Any] | NoObservation | None = None
         self._host_sockets: tuple[str, ...] = ()
 
     # -- host side ------------------------------------------------------------------------------
@@ -249,7 +249,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
     def facts(self) -> bwrap_argv.Facts:
         bwrap = self._bwrap or Host().which("bwrap")
         if bwrap is None:
-            raise HarnessError("reference launcher (bwrap): no bwrap on PATH")
+            raise NoObservation("reference launcher (bwrap): no bwrap on PATH")
         python = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
         f = self.guard.get("disable_userns")
         return bwrap_argv.Facts(
@@ -308,8 +308,8 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         if self.launcher.kind is LauncherKind.reference:
             try:
                 inner = bwrap_argv.reference_argv(self.profile, values, self.facts(), self.perturbations)
-            except bwrap_argv.BuildError as e:
-                raise HarnessError(f"{self.launcher.name}: {e}") from None
+            except bwrap_argv.UnbuildableProfile as e:
+                raise NoObservation(f"{self.launcher.name}: {e}") from None
         else:
             inner = self.launcher.argv(self.spec(), values, script)
         return (*as_user_prefix(self.as_user), *inner)
@@ -341,7 +341,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         bwrap, the task's run, the host's observation of it) overlaps that import on another core
         rather than following it. The same launch as task() makes: only its start moves earlier."""
         if self.layout is None:
-            raise HarnessError("witness session used outside its `with` block")
+            raise NoObservation("witness session used outside its `with` block")
         if key in self._tasks or key in self._started:
             return
         # A thread of its own, known before a stop signal can unwind us (cancel.deferred): a signal
@@ -351,12 +351,12 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             self._started[key] = Background(self._attempt_and_more if key == "main" else self._attempt,
                                             name=f"sbxc-launch-{key}")
 
-    def _attempt_and_more(self) -> plan.Task | HarnessError:
+    def _attempt_and_more(self) -> plan.Task | NoObservation:
         """The main launch, then the lifecycle and terminal launches its promises ask for: after it, never
         beside it (its leftover judgement would take their orphans, reparented to us, for its own), but
         still before pytest asks, overlapping its import and the other witnesses."""
         got = self._attempt()
-        if not isinstance(got, HarnessError):
+        if not isinstance(got, NoObservation):
             made = set(self.profile.promises())
             if "lifecycle" in made:
                 self._lifecycle = _or_error(self._lifecycle_launch)
@@ -364,10 +364,10 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
                 self._terminal = _or_error(self._terminal_launch)
         return got
 
-    def _attempt(self) -> plan.Task | HarnessError:
+    def _attempt(self) -> plan.Task | NoObservation:
         try:
             return self._launch()
-        except HarnessError as e:
+        except NoObservation as e:
             return e
 
     def _join_started(self) -> None:
@@ -386,7 +386,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             started = self._started.pop(key, None)
             cached = started.result() if started is not None else self._attempt()
             self._tasks[key] = cached
-        if isinstance(cached, HarnessError):
+        if isinstance(cached, NoObservation):
             raise cached
         return cached
 
@@ -402,7 +402,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
 
     def _launch(self) -> plan.Task:
         if self.layout is None or self.host is None:
-            raise HarnessError("witness session used outside its `with` block")
+            raise NoObservation("witness session used outside its `with` block")
         lay, values = self.layout, self.layout.values()
         script = self._script()
         argv = self.argv(script)
@@ -518,8 +518,8 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
                             "procs_after": neighbour.procs(),
                         },
                     )
-        except cgroup_leaf.CgroupError as e:
-            raise HarnessError(f"{self.launcher.name}: task cgroup: {e}") from None
+        except cgroup_leaf.CgroupUnusable as e:
+            raise NoObservation(f"{self.launcher.name}: task cgroup: {e}") from None
         finally:
             watch.stop_looking()
             knocks = self._knocks()
@@ -601,13 +601,13 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         self._join_started()  # made after the main launch where that was started early
         if self._lifecycle is None:
             self._lifecycle = _or_error(self._lifecycle_launch)
-        if isinstance(self._lifecycle, HarnessError):
+        if isinstance(self._lifecycle, NoObservation):
             raise self._lifecycle
         return self._lifecycle
 
     def _lifecycle_launch(self) -> dict[str, Any]:
         if self.layout is None or self.host is None:
-            raise HarnessError("witness session used outside its `with` block")
+            raise NoObservation("witness session used outside its `with` block")
         if self.unobservable:
             return {"killed": False, "why": f"the host cannot observe this task ({self.unobservable})"}
         lay = self.layout
@@ -645,7 +645,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         self._join_started()
         if self._terminal is None:
             self._terminal = _or_error(self._terminal_launch)
-        if isinstance(self._terminal, HarnessError):
+        if isinstance(self._terminal, NoObservation):
             raise self._terminal
         return self._terminal
 
@@ -654,7 +654,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         import tty
 
         if self.layout is None or self.host is None:
-            raise HarnessError("witness session used outside its `with` block")
+            raise NoObservation("witness session used outside its `with` block")
         env, script = self._launcher_env(), self._script()
         nonce = secrets.token_hex(8)
         the_plan = self._bare_plan(nonce, terminal=True)
@@ -714,10 +714,10 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         return pids
 
 
-def _or_error(fn: Callable[[], dict[str, Any]]) -> dict[str, Any] | HarnessError:
+def _or_error(fn: Callable[[], dict[str, Any]]) -> dict[str, Any] | NoObservation:
     try:
         return fn()
-    except HarnessError as e:
+    except NoObservation as e:
         return e
 
 
@@ -755,7 +755,7 @@ def check_document(name: str, doc: Mapping[str, Any], the_plan: plan.Plan) -> No
     document replayed by a launcher carries another launch's nonce, and one that answers other ops
     would otherwise surface as a KeyError in some witness."""
     if doc.get("launch_nonce") != the_plan.launch_nonce:
-        raise HarnessError(
+        raise NoObservation(
             f"{name}: the witness document is not from this launch (nonce {doc.get('launch_nonce')!r}, "
             f"expected {the_plan.launch_nonce!r})"
         )
@@ -764,7 +764,7 @@ def check_document(name: str, doc: Mapping[str, Any], the_plan: plan.Plan) -> No
     }
     missing = [f"{o['op']} {o['path']}" for o in the_plan.ops if (o["op"], o["path"]) not in answered]
     if missing:
-        raise HarnessError(
+        raise NoObservation(
             f"{name}: the witness document does not answer the plan: no {missing[0]}"
             + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
         )
@@ -883,5 +883,5 @@ class _TreeKill:
                 time.sleep(0.02)
                 alive = [v["pid"] for v in before if _alive(v)]
             self.result.update(after=after, alive_after=alive)
-        except cgroup_leaf.CgroupError as e:
+        except cgroup_leaf.CgroupUnusable as e:
             self.result = {"killed": False, "why": f"cgroup.kill failed: {e}"}

@@ -8,7 +8,7 @@
   `sandbox_conformance.launchers`, called with the task spec (a dict) and returning the argv prefix.
 
 Every launch goes through processes.run.run (timeout, whole process group killed). A missing or
-partial document, a non-zero exit or a timeout is a HarnessError naming the launcher: never a pass.
+partial document, a non-zero exit or a timeout is a NoObservation naming the launcher: never a pass.
 Exit 75 (EX_TEMPFAIL) is the launcher saying its sandbox cannot run on this host or as this user:
 SandboxUnavailable, which `witness` reports once as "did not run" and exits 75 with (docs/launchers.md)."""
 
@@ -35,15 +35,15 @@ WITNESS_ARGV = ("python3", "-I", "-S", "-")  # the program on stdin, where the l
 DOC_VERSION = 2
 
 
-class HarnessError(Exception):
+class NoObservation(Exception):
     """The suite could not get a complete observation from a task: nothing was witnessed."""
 
 
-class SandboxUnavailable(HarnessError):
+class SandboxUnavailable(NoObservation):
     """The launcher exited 75 (EX_TEMPFAIL, sysexits.h: "try again later", here: elsewhere): its
     sandbox cannot run on this host or as this user (systemd-nspawn as a user: "Need to be root").
     Nothing was tested and nothing failed; `reason` is what the launcher said on stderr. A
-    HarnessError still, so whoever catches those (the plugin's fixtures, the controls) never reads it
+    NoObservation still, so whoever catches those (the plugin's fixtures, the controls) never reads it
     as a pass."""
 
     def __init__(self, name: str, reason: str) -> None:
@@ -81,9 +81,9 @@ class Launcher(NamedTuple):
         if self.kind is LauncherKind.entry_point and self.factory is not None:
             prefix = self.factory(dict(spec))
             if isinstance(prefix, str) or not all(isinstance(w, str) for w in prefix):
-                raise HarnessError(f"{self.name}: returned {prefix!r}, expected a list of argv words")
+                raise NoObservation(f"{self.name}: returned {prefix!r}, expected a list of argv words")
             return (*prefix, *command)
-        raise HarnessError(f"{self.name}: no argv (the reference launcher is built from the profile)")
+        raise NoObservation(f"{self.name}: no argv (the reference launcher is built from the profile)")
 
 
 def _expand_word(word: str, values: Mapping[str, str]) -> str:
@@ -148,11 +148,11 @@ def as_user_prefix(user: str | None) -> tuple[str, ...]:
 
 
 def parse_document(name: str, done: Completed) -> dict[str, Any]:
-    """The witness document from a finished launch, or a HarnessError saying what went wrong."""
+    """The witness document from a finished launch, or a NoObservation saying what went wrong."""
     if done.not_found:
-        raise HarnessError(f"{name}: could not be executed: {done.stderr_tail()}")
+        raise NoObservation(f"{name}: could not be executed: {done.stderr_tail()}")
     if done.timed_out:
-        raise HarnessError(
+        raise NoObservation(
             f"{name}: timed out after {done.seconds:.1f}s (process group killed); "
             f"stderr: {done.stderr_tail() or '(empty)'}"
         )
@@ -176,16 +176,17 @@ def parse_document(name: str, done: Completed) -> dict[str, Any]:
         how = (kills.ended(done.returncode, done.pid, done.started, done.exited)
                if done.started is not None and done.exited is not None and done.returncode is not None
                else f"exited {done.returncode}")
-        raise HarnessError(f"{name}: {how}; stderr: {done.stderr_tail() or '(empty)'}")
+        raise NoObservation(f"{name}: {how}; stderr: {done.stderr_tail() or '(empty)'}")
     if doc is None:
         head = done.stdout.strip().replace("\n", " | ")[:160] or "(nothing)"
-        raise HarnessError(
+        raise NoObservation(
             f"{name}: printed no witness document; stdout: {head}; stderr: {done.stderr_tail() or '(empty)'}"
         )
     if doc.get("version") != DOC_VERSION:
-        raise HarnessError(f"{name}: witness document version {doc.get('version')!r}, expected {DOC_VERSION}")
+        raise NoObservation(f"{name}: witness document version {doc.get('version')!r}, "
+                            f"expected {DOC_VERSION}")
     if doc.get("complete") is not True:
-        raise HarnessError(
+        raise NoObservation(
             f"{name}: witness document is partial (no completion marker); "
             f"stderr: {done.stderr_tail() or '(empty)'}"
         )

@@ -40,7 +40,7 @@ from sandbox_conformance.conformance import profile as profile_mod
 from sandbox_conformance.conformance import promises, remedies
 from sandbox_conformance.conformance import settings as settings_mod
 from sandbox_conformance.conformance.harness import WitnessSession
-from sandbox_conformance.conformance.launch import HarnessError, Launcher, SandboxUnavailable, external
+from sandbox_conformance.conformance.launch import Launcher, NoObservation, SandboxUnavailable, external
 from sandbox_conformance.conformance.plan import Task
 from sandbox_conformance.conformance.profile import PLACEHOLDERS
 from sandbox_conformance.conformance.settings import REQUIRE_ENV, Settings, read_expected_skips, skip_key
@@ -154,7 +154,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_tasks_key] = []
     try:  # the ids now, a usage error (exit 4) before collection; the profile's part waits for settings()
         promises.select(config.getoption("sbxc_only") or (), config.getoption("sbxc_skip") or ())
-    except promises.SelectionError as e:
+    except promises.UnknownPromise as e:
         named = str(e).replace("--only", "--sbxc-only").replace("--skip", "--sbxc-skip")
         raise pytest.UsageError(named) from None
     if _settings_key in config.stash:  # handed over by the witness command (Preset)
@@ -213,7 +213,7 @@ def settings(config: pytest.Config) -> Settings:
             only=config.getoption("sbxc_only") or (),
             skip=config.getoption("sbxc_skip") or (),
         )
-    except settings_mod.SettingsError as e:
+    except settings_mod.InvalidSettings as e:
         # The plugin's options carry the sbxc- prefix: name them as the user typed them.
         msg = str(e)
         raise pytest.UsageError("--sbxc-" + msg[2:] if msg.startswith("--") else msg) from None
@@ -318,7 +318,7 @@ def pytest_runtest_makereport(
     if family is None:
         return
     _note(item, report, "sbxc_family", family)
-    if call.excinfo is not None and call.excinfo.errisinstance(HarnessError):
+    if call.excinfo is not None and call.excinfo.errisinstance(NoObservation):
         # Left as pytest's "error" (a fixture raised): JUnit <error>, never <failure>.
         _note(item, report, "sbxc_harness_error", str(call.excinfo.value))
         if call.excinfo.errisinstance(SandboxUnavailable):
@@ -431,7 +431,7 @@ def sbxc_session(pytestconfig: pytest.Config, sbxc_settings: Settings) -> Iterat
 @pytest.fixture(scope="session")
 def sbxc_task(pytestconfig: pytest.Config, sbxc_session: WitnessSession) -> Task:
     """The one live task of this session (launched on first use, then cached). A launch that does not
-    give a complete observation raises HarnessError here: every witness using it errors, none passes."""
+    give a complete observation raises NoObservation here: every witness using it errors, none passes."""
     task = sbxc_session.task()
     if task not in pytestconfig.stash[_tasks_key]:
         pytestconfig.stash[_tasks_key].append(task)

@@ -52,7 +52,7 @@ MOUNT_API_DOORS = ("fsopen", "open_tree", "move_mount")
 SYSCALL_DOORS = (*MOUNT_API_DOORS, "ptrace_outside", "io_uring_setup", "keyctl", "vsock_socket", "tioclinux")
 
 
-class ProfileError(Exception):
+class InvalidProfile(Exception):
     """One line: `FILE: KEY: expected WHAT (got ...)`."""
 
     def __init__(self, file: str, key: str, expected: str) -> None:
@@ -333,10 +333,10 @@ class _Reader:
     def __init__(self, file: str, doc: Mapping[str, Any]) -> None:
         self.file, self.doc = file, doc
 
-    def fail(self, key: str, expected: str, got: Any = _NOTHING) -> ProfileError:
+    def fail(self, key: str, expected: str, got: Any = _NOTHING) -> InvalidProfile:
         if got is not _NOTHING:
             expected = f"{expected} (got {got!r})"
-        return ProfileError(self.file, key, expected)
+        return InvalidProfile(self.file, key, expected)
 
     def section(self, name: str) -> Mapping[str, Any]:
         sec = self.doc.get(name, {})
@@ -634,12 +634,12 @@ def load(path: str | Path | None = None) -> Profile:
         # A regular file, read up to a bound: a FIFO, /dev/zero or a symlink loop is one line, never a
         # hang or a traceback (processes/inputs.py).
         text = inputs.read_text(path)
-    except inputs.InputError as e:
-        raise ProfileError(file, "(file)", f"a readable profile file ({e})") from None
+    except inputs.UnusableInput as e:
+        raise InvalidProfile(file, "(file)", f"a readable profile file ({e})") from None
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ProfileError(file, "(syntax)", f"valid TOML: {e}") from None
+        raise InvalidProfile(file, "(syntax)", f"valid TOML: {e}") from None
     except RecursionError:  # nesting deep enough to exhaust the parser's stack
-        raise ProfileError(file, "(syntax)", "TOML nested less deeply") from None
+        raise InvalidProfile(file, "(syntax)", "TOML nested less deeply") from None
     return parse(doc, file)

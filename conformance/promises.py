@@ -90,7 +90,7 @@ BY_ID = {p.id: p for p in CATALOGUE}
 IDS = tuple(BY_ID)
 
 
-class SelectionError(ValueError):
+class UnknownPromise(ValueError):
     """One line naming the option and the id."""
 
 
@@ -120,25 +120,25 @@ class Selection(NamedTuple):
 
 def parse_ids(flag: str, values: Iterable[str]) -> frozenset[str]:
     """`ID[,ID]` words (the option may be repeated) into catalogued ids; an unknown or empty one is
-    a SelectionError naming it."""
+    a UnknownPromise naming it."""
     out: set[str] = set()
     for value in values:
         for word in value.split(","):
             word = word.strip()
             if not word:
-                raise SelectionError(f"{flag} {value!r}: expected promise ids separated by commas")
+                raise UnknownPromise(f"{flag} {value!r}: expected promise ids separated by commas")
             if word not in BY_ID:
-                raise SelectionError(f"{flag} {word}: no such promise id (known: {', '.join(IDS)})")
+                raise UnknownPromise(f"{flag} {word}: no such promise id (known: {', '.join(IDS)})")
             out.add(word)
     return frozenset(out)
 
 
 def select(only: Iterable[str] = (), skip: Iterable[str] = ()) -> Selection:
-    """The selection `--only` and `--skip` ask for; the same id in both is a SelectionError."""
+    """The selection `--only` and `--skip` ask for; the same id in both is a UnknownPromise."""
     sel = Selection(parse_ids("--only", only), parse_ids("--skip", skip))
     both = sel.only & sel.skip
     if both:
-        raise SelectionError(f"--only and --skip both name {', '.join(sorted(both, key=IDS.index))}: "
+        raise UnknownPromise(f"--only and --skip both name {', '.join(sorted(both, key=IDS.index))}: "
                              "give each promise to one of them")
     return sel
 

@@ -2,7 +2,7 @@
 
 `sandbox-conformance witness` builds them from its options and hands the object to the plugin; a plain
 `pytest` run (the plugin's own `--sbxc-*` options and ini keys) builds them here too. Every check a
-setting needs lives in `build`, so the two ways in cannot disagree. A bad value raises SettingsError
+setting needs lives in `build`, so the two ways in cannot disagree. A bad value raises InvalidSettings
 with one line naming the option; each caller turns it into its own usage error (exit 2)."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ REQUIRE_ENV = "SANDBOX_CONFORMANCE_REQUIRE"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-class SettingsError(ValueError):
+class InvalidSettings(ValueError):
     """One line naming the option and what was expected."""
 
 
@@ -98,7 +98,7 @@ def parse_launcher_env(items: Iterable[str]) -> dict[str, str]:
     for item in items:
         name, eq, value = item.partition("=")
         if not eq or not _ENV_NAME.fullmatch(name):
-            raise SettingsError(f"--launcher-env {item!r}: expected NAME=VALUE")
+            raise InvalidSettings(f"--launcher-env {item!r}: expected NAME=VALUE")
         out[name] = value
     return out
 
@@ -106,7 +106,7 @@ def parse_launcher_env(items: Iterable[str]) -> dict[str, str]:
 def check_seconds(flag: str, seconds: float) -> float:
     """A finite, positive number of seconds, at most a day (processes/exits.py seconds_ok)."""
     if not seconds_ok(seconds):
-        raise SettingsError(f"{flag} {seconds:g}: expected a positive number of seconds, at most "
+        raise InvalidSettings(f"{flag} {seconds:g}: expected a positive number of seconds, at most "
                             f"{MAX_SECONDS:g}")
     return seconds
 
@@ -127,29 +127,30 @@ def check_launcher_program(prefix: str, path: str) -> None:
         return
     if os.path.isabs(first):
         if not os.path.exists(first):
-            raise SettingsError(f"--launcher: {first}: no such file")
+            raise InvalidSettings(f"--launcher: {first}: no such file")
         if not os.access(first, os.X_OK) or os.path.isdir(first):
-            raise SettingsError(f"--launcher: {first}: not an executable file")
+            raise InvalidSettings(f"--launcher: {first}: not an executable file")
     elif "/" not in first and shutil.which(first, path=path) is None:
-        raise SettingsError(f"--launcher: {first}: not found on the launcher's PATH ({path})")
+        raise InvalidSettings(f"--launcher: {first}: not found on the launcher's PATH ({path})")
 
 
 def check_layout_root(path: str) -> str:
     """An existing directory we can create in, as an absolute path (the launch runs elsewhere)."""
     where = os.path.abspath(path)
     if not os.path.isdir(where):
-        raise SettingsError(f"--layout-root {path}: no such directory")
+        raise InvalidSettings(f"--layout-root {path}: no such directory")
     if not os.access(where, os.W_OK | os.X_OK):
-        raise SettingsError(f"--layout-root {path}: not writable by this user")
+        raise InvalidSettings(f"--layout-root {path}: not writable by this user")
     kind = _PSEUDO.get(statfs_magic(Path(where)) or 0)
     if kind is not None:
         # mkdir there fails (procfs) or makes something else than a directory of files (a cgroup).
-        raise SettingsError(f"--layout-root {path}: a {kind} mount, not a filesystem for a task's files")
+        raise InvalidSettings(f"--layout-root {path}: a {kind} mount, not a filesystem for a task's files")
     try:
         # Tried, not assumed: root passes access(2) on /proc, where every mkdir fails.
         os.rmdir(tempfile.mkdtemp(prefix=".sbxc-layout-check-", dir=where))
     except OSError as e:
-        raise SettingsError(f"--layout-root {path}: cannot create a directory there: {e.strerror}") from None
+        raise InvalidSettings(f"--layout-root {path}: cannot create a directory there: "
+                              f"{e.strerror}") from None
     return where
 
 
@@ -157,19 +158,19 @@ def select(prof: profile_mod.Profile, only: Iterable[str], skip: Iterable[str]
            ) -> tuple[profile_mod.Profile, promises_mod.Selection]:
     """The profile with what `--only`/`--skip` leave out marked unselected (its witnesses are then not
     generated, and no launch is made for them), and the selection. An unknown id, one id in both, or a
-    selection that leaves none of the profile's promises is a SettingsError: nothing would be tested,
+    selection that leaves none of the profile's promises is a InvalidSettings: nothing would be tested,
     and a run that tests nothing must not read as green."""
     try:
         selection = promises_mod.select(only, skip)
-    except promises_mod.SelectionError as e:
-        raise SettingsError(str(e)) from None
+    except promises_mod.UnknownPromise as e:
+        raise InvalidSettings(str(e)) from None
     if not selection:
         return prof, selection
     made = prof.promises()
     left_out = selection.left_out(made)
     if len(left_out) == len(made):
         given = " and ".join(f for f, ids in (("--only", selection.only), ("--skip", selection.skip)) if ids)
-        raise SettingsError(f"{given}: leaves none of the promises profile {prof.name} makes to test "
+        raise InvalidSettings(f"{given}: leaves none of the promises profile {prof.name} makes to test "
                             f"(it makes {', '.join(made)})")
     return prof._replace(unselected=frozenset(left_out)), selection
 
@@ -199,13 +200,14 @@ def build(
     for flag, value in (("--profile", profile), ("--expected-skips", expected_skips),
                         ("--layout-root", layout_root), ("--as-user", as_user), ("--timeout", timeout)):
         if value == "":
-            raise SettingsError(f"{flag}: expected a value, got an empty string")
+            raise InvalidSettings(f"{flag}: expected a value, got an empty string")
     try:
         prof = profile_mod.load(profile)
-    except profile_mod.ProfileError as e:
-        raise SettingsError(str(e)) from None
+    except profile_mod.InvalidProfile as e:
+        raise InvalidSettings(str(e)) from None
     if not prof.promises():
-        raise SettingsError(f"{prof.source}: (profile): expected at least one promise the suite can witness")
+        raise InvalidSettings(f"{prof.source}: (profile): expected at least one promise the suite can "
+                              "witness")
     prof, selection = select(prof, only, skip)
     try:
         # `--launcher ''` is a mistake, not a request for the built-in sandbox.
@@ -213,31 +215,32 @@ def build(
         if launcher is not None:
             lau = external(launcher, spec=launcher_spec, stdin=launcher_stdin)
     except ValueError as e:
-        raise SettingsError(str(e)) from None
+        raise InvalidSettings(str(e)) from None
     env_extra = parse_launcher_env(launcher_env)
     if lau.kind is LauncherKind.external and lau.prefix:
         check_launcher_program(lau.prefix, env_extra.get("PATH") or environ.get("PATH") or DEFAULT_PATH)
     perturbations = frozenset(perturb)
     unknown = perturbations - set(bwrap_argv.PERTURBATIONS)
     if unknown:
-        raise SettingsError(
+        raise InvalidSettings(
             f"--perturb: unknown {', '.join(sorted(unknown))}; known: {', '.join(bwrap_argv.PERTURBATIONS)}"
         )
     if perturbations and lau.kind is not LauncherKind.reference:
-        raise SettingsError("--perturb applies to the reference launcher only, not with --launcher")
+        raise InvalidSettings("--perturb applies to the reference launcher only, not with --launcher")
+    # A FIFO, /dev/zero, a loop: one line, never a hang (processes/inputs.py).
     try:
         expected = read_expected_skips(expected_skips) if expected_skips is not None else None
-    except inputs.InputError as e:  # a FIFO, /dev/zero, a loop: one line, never a hang (processes/inputs.py)
-        raise SettingsError(f"--expected-skips {expected_skips}: {e}") from None
+    except inputs.UnusableInput as e:
+        raise InvalidSettings(f"--expected-skips {expected_skips}: {e}") from None
     except (OSError, ValueError) as e:
-        raise SettingsError(f"--expected-skips: {e}") from None
+        raise InvalidSettings(f"--expected-skips: {e}") from None
     try:
         seconds = float(timeout) if timeout is not None else 30.0
     except ValueError:
-        raise SettingsError(f"--timeout {timeout!r}: expected a number of seconds") from None
+        raise InvalidSettings(f"--timeout {timeout!r}: expected a number of seconds") from None
     seconds = check_seconds("--timeout", seconds)
     if host_cannot_observe is not None and not host_cannot_observe.strip():
-        raise SettingsError("--host-cannot-observe: say why the host cannot see the task")
+        raise InvalidSettings("--host-cannot-observe: say why the host cannot see the task")
     return Settings(
         profile=prof,
         launcher=lau,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from sandbox_conformance.conformance.harness import WitnessSession
-from sandbox_conformance.conformance.launch import HarnessError
+from sandbox_conformance.conformance.launch import NoObservation
 from sandbox_conformance.conformance.observer import Seen
 from sandbox_conformance.conformance.plan import PLANT, WRITE, Task
 from sandbox_conformance.conformance.plugin import Settings, settings
@@ -1130,7 +1130,7 @@ def _leaf(task: Task, session: WitnessSession) -> dict[str, Any]:
         if found is not None and found.facts.get("promised") and not found.ok:
             # A set SANDBOX_CONFORMANCE_CGROUP_ROOT is a promise (STYLE.md 11): broken, it is a failure
             # of the run, never a quiet skip. Only an unset variable is an honest skip.
-            raise HarnessError(
+            raise NoObservation(
                 f"{PROMISE_ENV} is set but unusable, so no task got a cgroup leaf: {found.reason} "
                 f"(unset it to skip the cgroup witnesses instead)"
             )

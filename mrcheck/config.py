@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sandbox_conformance.mrcheck.globs import GlobError, compile_glob, dead_glob_hint
+from sandbox_conformance.mrcheck.globs import InvalidGlob, compile_glob, dead_glob_hint
 from sandbox_conformance.processes import inputs
 from sandbox_conformance.processes.exits import seconds_ok
 
@@ -35,11 +35,11 @@ TABLE = "tool.sandbox-conformance"
 DEFAULT_TIMEOUT = 1800.0  # seconds: a whole witness run in container mode builds an image first
 
 
-class ConfigError(Exception):
+class InvalidConfig(Exception):
     """One line: file, key, what was expected."""
 
 
-class MissingConfig(ConfigError):
+class MissingConfig(InvalidConfig):
     """No tiers declared at all: exit 2 naming what to add."""
 
 
@@ -108,28 +108,28 @@ def _str(value: Any, where: str, *, optional: bool = False) -> str | None:
     if value is None and optional:
         return None
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
+        raise InvalidConfig(f"{where}: expected a non-empty string, got {value!r}")
     return value
 
 
 def _bool(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
-        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        raise InvalidConfig(f"{where}: expected true or false, got {value!r}")
     return value
 
 
 def _str_list(value: Any, where: str, *, empty_ok: bool) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise ConfigError(f"{where}: expected a list of non-empty strings, got {value!r}")
+        raise InvalidConfig(f"{where}: expected a list of non-empty strings, got {value!r}")
     if not value and not empty_ok:
-        raise ConfigError(f"{where}: expected at least one entry")
+        raise InvalidConfig(f"{where}: expected at least one entry")
     return tuple(value)
 
 
 def _prepare(value: Any, where: str) -> tuple[str, ...]:
     if isinstance(value, str):
         if not value.strip():
-            raise ConfigError(f"{where}: expected a non-empty shell command or an argv list")
+            raise InvalidConfig(f"{where}: expected a non-empty shell command or an argv list")
         return ("sh", "-c", value)
     return _str_list(value, where, empty_ok=False)
 
@@ -145,32 +145,32 @@ def _unknown(keys: Any, known: frozenset[str]) -> str:
 
 def parse_tier(raw: Any, where: str) -> Tier:
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a table with name, globs and run")
+        raise InvalidConfig(f"{where}: expected a table with name, globs and run")
     unknown = sorted(set(raw) - _TIER_KEYS)
     if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}: unknown key "
+        raise InvalidConfig(f"{where}.{unknown[0]}: unknown key "
                           f"(expected one of {', '.join(sorted(_TIER_KEYS))})")
     for key in ("name", "globs", "run"):
         if key not in raw:
-            raise ConfigError(f"{where}.{key}: missing (a tier needs name, globs and run)")
+            raise InvalidConfig(f"{where}.{key}: missing (a tier needs name, globs and run)")
     name = _str(raw["name"], f"{where}.name")
     assert name is not None
     globs = _str_list(raw["globs"], f"{where}.globs", empty_ok=False)
     for i, g in enumerate(globs):
         try:
             compile_glob(g)
-        except GlobError as e:
-            raise ConfigError(f"{where}.globs[{i}]: {e}") from None
+        except InvalidGlob as e:
+            raise InvalidConfig(f"{where}.globs[{i}]: {e}") from None
     timeout = raw.get("timeout", DEFAULT_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not seconds_ok(timeout):
-        raise ConfigError(f"{where}.timeout: expected a positive number of seconds (at most a day), "
+        raise InvalidConfig(f"{where}.timeout: expected a positive number of seconds (at most a day), "
                           f"got {timeout!r}")
     prepare = _prepare(raw["prepare"], f"{where}.prepare") if "prepare" in raw else ()
 
     run = raw["run"]
     rwhere = f"{where}.run"
     if not isinstance(run, dict):
-        raise ConfigError(f"{rwhere}: expected a table like "
+        raise InvalidConfig(f"{rwhere}: expected a table like "
                           f"{{ kind = \"witness\", profile = ..., launcher = ... }}")
     raw_kind = run.get("kind")
     try:
@@ -178,18 +178,19 @@ def parse_tier(raw: Any, where: str) -> Tier:
     except ValueError:
         kind = None
     if kind is None:
-        raise ConfigError(f"{rwhere}.kind: expected one of {', '.join(TierKind)}, "
+        raise InvalidConfig(f"{rwhere}.kind: expected one of {', '.join(TierKind)}, "
                           f"got {raw_kind!r}")
     unknown = sorted(set(run) - _RUN_KEYS[kind])
     if unknown:
-        raise ConfigError(f"{rwhere}.{unknown[0]}: unknown key for kind {kind!s} "
+        raise InvalidConfig(f"{rwhere}.{unknown[0]}: unknown key for kind {kind!s} "
                           f"(expected one of {', '.join(sorted(_RUN_KEYS[kind]))})")
     if kind is TierKind.command:
         if "argv" not in run:
-            raise ConfigError(f"{rwhere}.argv: missing (kind command needs argv = [\"prog\", \"arg\", ...])")
+            raise InvalidConfig(f"{rwhere}.argv: missing "
+                                "(kind command needs argv = [\"prog\", \"arg\", ...])")
         env = run.get("env", {})
         if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-            raise ConfigError(f"{rwhere}.env: expected a table of string values, got {env!r}")
+            raise InvalidConfig(f"{rwhere}.env: expected a table of string values, got {env!r}")
         return Tier(name, globs, kind, argv=_str_list(run["argv"], f"{rwhere}.argv", empty_ok=False),
                     env=dict(env), timeout=float(timeout), prepare=prepare)
     return Tier(
@@ -224,12 +225,12 @@ def parse(doc: Mapping[str, Any], source: Path, *, whole_file: bool) -> Config:
     """`doc` is the parsed TOML; with whole_file the table may also sit at the top level (--config)."""
     table, prefix = _table(doc, whole_file)
     if table is not None and not isinstance(table, dict):
-        raise ConfigError(f"{source}: [{TABLE}]: expected a table")
+        raise InvalidConfig(f"{source}: [{TABLE}]: expected a table")
     unknown = _unknown(table or {}, _TABLE_KEYS)
     if unknown:
         where = f"[{prefix}]" if prefix else "the top level"
         tiers_key = f"{prefix}.tiers" if prefix else "tiers"
-        raise ConfigError(f"{source}: unknown key in {where}: {unknown}: expected only [[{tiers_key}]], "
+        raise InvalidConfig(f"{source}: unknown key in {where}: {unknown}: expected only [[{tiers_key}]], "
                           f"and a gate with a typo would be silently off")
     if table is None or "tiers" not in table:
         raise MissingConfig(
@@ -239,12 +240,12 @@ def parse(doc: Mapping[str, Any], source: Path, *, whole_file: bool) -> Config:
     tiers_raw = table["tiers"]
     twhere = f"{prefix}.tiers" if prefix else "tiers"
     if not isinstance(tiers_raw, list) or not tiers_raw:
-        raise ConfigError(f"{source}: {twhere}: expected a non-empty array of tables ([[{twhere}]])")
+        raise InvalidConfig(f"{source}: {twhere}: expected a non-empty array of tables ([[{twhere}]])")
     tiers = tuple(parse_tier(t, f"{source}: {twhere}[{i}]") for i, t in enumerate(tiers_raw))
     seen: set[str] = set()
     for i, t in enumerate(tiers):
         if t.name in seen:
-            raise ConfigError(f"{source}: {twhere}[{i}].name: duplicate tier name {t.name!r}")
+            raise InvalidConfig(f"{source}: {twhere}[{i}].name: duplicate tier name {t.name!r}")
         seen.add(t.name)
     return Config(source, tiers)
 
@@ -254,7 +255,7 @@ def load(root: Path, config: Path | None) -> Config:
     path = config if config is not None else root / "pyproject.toml"
     if not os.path.lexists(path):
         if config is not None:
-            raise ConfigError(f"--config {config}: no such file")
+            raise InvalidConfig(f"--config {config}: no such file")
         raise MissingConfig(
             f"{path}: no such file: add a pyproject.toml with [[{TABLE}.tiers]] (name, globs, run) "
             f"or pass --config FILE")
@@ -262,14 +263,14 @@ def load(root: Path, config: Path | None) -> Config:
         # A regular file, read up to a bound: a FIFO, /dev/zero or a symlink loop is one line, never a
         # hang or a traceback (processes/inputs.py).
         text = inputs.read_text(path)
-    except inputs.InputError as e:
-        raise ConfigError(f"{path}: cannot read: {e}") from None
+    except inputs.UnusableInput as e:
+        raise InvalidConfig(f"{path}: cannot read: {e}") from None
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+        raise InvalidConfig(f"{path}: not valid TOML: {e}") from None
     except RecursionError:
-        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
+        raise InvalidConfig(f"{path}: not valid TOML: nested too deeply") from None
     return parse(doc, path, whole_file=config is not None)
 
 
@@ -284,7 +285,7 @@ def resolve(config: Config, root: Path) -> Config:
         where = f"{config.source}: tier {t.name!r}"
         for key, value in (("profile", t.profile), ("expected_skips", t.expected_skips)):
             if value is not None and not (root / value).is_file():
-                raise ConfigError(f"{where} run.{key}: {value}: no such file under {root}")
+                raise InvalidConfig(f"{where} run.{key}: {value}: no such file under {root}")
         if t.kind is TierKind.cgroup:
             _check_limits(t, root, where)
         if t.launcher is not None:
@@ -303,10 +304,10 @@ def _check_limits(tier: Tier, root: Path, where: str) -> None:
 
     try:
         prof = profile_mod.load(None if tier.profile is None else root / tier.profile)
-    except profile_mod.ProfileError as e:
-        raise ConfigError(f"{where} run.profile: {e}") from None
+    except profile_mod.InvalidProfile as e:
+        raise InvalidConfig(f"{where} run.profile: {e}") from None
     if "cgroup" not in prof.promises():
-        raise ConfigError(f"{where}: kind cgroup, but profile {tier.profile or prof.name} has no [limits] "
+        raise InvalidConfig(f"{where}: kind cgroup, but profile {tier.profile or prof.name} has no [limits] "
                           "(a memory_max or pids_max other than \"max\"), so there is no cgroup promise to "
                           "test: add [limits] to the profile, or make the tier kind witness")
 
@@ -330,9 +331,9 @@ def resolve_launcher(launcher: str, root: Path, where: str) -> LauncherPaths:
     try:
         words = shlex.split(launcher)
     except ValueError as e:
-        raise ConfigError(f"{where}: cannot split {launcher!r} like a shell would: {e}") from None
+        raise InvalidConfig(f"{where}: cannot split {launcher!r} like a shell would: {e}") from None
     if not words:
-        raise ConfigError(f"{where}: empty launcher")
+        raise InvalidConfig(f"{where}: empty launcher")
     out = list(words)
     relative: dict[int, str] = {}
     for i, word in enumerate(words):
@@ -340,7 +341,7 @@ def resolve_launcher(launcher: str, root: Path, where: str) -> LauncherPaths:
             continue
         rel = os.path.normpath(word)
         if i == 0 and not (root / rel).is_file():
-            raise ConfigError(f"{where}: {word}: no such file under {root} "
+            raise InvalidConfig(f"{where}: {word}: no such file under {root} "
                               "(a relative launcher is resolved against the repository root)")
         out[i], relative[i] = str(root / rel), rel
     if not relative:

@@ -18,7 +18,7 @@ GIT_TIMEOUT = 60.0
 DEEPEN_BY = 200  # commits: what the shallow-clone hint suggests fetching first
 
 
-class GitError(Exception):
+class GitRefused(Exception):
     """Not a repository, an unknown base, git missing: exit 2 with this one line."""
 
 
@@ -100,15 +100,15 @@ class Git:
                 env[key] = os.environ[key]
         done = self.runner(["git", *args], timeout=self.timeout, env=env, cwd=str(self.cwd))
         if done.not_found:
-            raise GitError("git not found on PATH (apt-get install git)")
+            raise GitRefused("git not found on PATH (apt-get install git)")
         if done.timed_out:
-            raise GitError(f"`git {' '.join(args)}` timed out after {self.timeout:.0f}s in {self.cwd}")
+            raise GitRefused(f"`git {' '.join(args)}` timed out after {self.timeout:.0f}s in {self.cwd}")
         return done
 
     def ok(self, *args: str) -> str:
         done = self(*args)
         if not done.ok:
-            raise GitError(f"`git {' '.join(args)}` failed in {self.cwd}: {git_message(done)}")
+            raise GitRefused(f"`git {' '.join(args)}` failed in {self.cwd}: {git_message(done)}")
         return done.stdout
 
     def commit(self, rev: str) -> str | None:
@@ -128,10 +128,10 @@ def git_message(done: Completed) -> str:
 
 def toplevel(cwd: Path, runner: Runner = run) -> Path:
     if not cwd.is_dir():
-        raise GitError(f"not a git repository: {cwd} is not a directory")
+        raise GitRefused(f"not a git repository: {cwd} is not a directory")
     done = Git(cwd, runner)("rev-parse", "--show-toplevel")
     if not done.ok or not done.stdout.strip():
-        raise GitError(f"not a git repository: {cwd} (git rev-parse: {git_message(done)})")
+        raise GitRefused(f"not a git repository: {cwd} (git rev-parse: {git_message(done)})")
     return Path(done.stdout.strip())
 
 
@@ -144,7 +144,8 @@ def default_base(git: Git) -> str:
         for ref in (f"refs/heads/{name}", f"refs/remotes/origin/{name}"):
             if git.commit(ref):
                 return name if ref.startswith("refs/heads/") else f"origin/{name}"
-    raise GitError(f"no default branch in {git.cwd} (origin/HEAD unset, no main or master): pass --base REV")
+    raise GitRefused(f"no default branch in {git.cwd} (origin/HEAD unset, no main or master): "
+                     "pass --base REV")
 
 
 def parse_diff_z(out: str) -> list[Change]:
@@ -205,13 +206,13 @@ def collect(cwd: Path, base: str | None, runner: Runner = run) -> Changes:
         # A shallow, single-branch clone (a CI checkout) has not fetched the base at all.
         hint = (f" (a shallow clone: fetch the base first, e.g. `git fetch --deepen={DEEPEN_BY} origin "
                 "BRANCH`)" if is_shallow(git) else "")
-        raise GitError(f"unknown base {name!r}: not a commit in {root}{hint}")
+        raise GitRefused(f"unknown base {name!r}: not a commit in {root}{hint}")
     head = git.commit("HEAD")
     if head is None:
-        raise GitError(f"HEAD has no commit yet in {root}: nothing to compare with {name!r}")
+        raise GitRefused(f"HEAD has no commit yet in {root}: nothing to compare with {name!r}")
     done = git("merge-base", base_commit, head)
     if not done.ok or not done.stdout.strip():
-        raise GitError(no_merge_base(git, name))
+        raise GitRefused(no_merge_base(git, name))
     merge_base = done.stdout.strip()
     committed = parse_diff_z(git.ok("diff", "--name-status", "-z", "-M", "--no-ext-diff", "--no-textconv",
                                     merge_base, head, "--"))

@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 
 
-class GlobError(ValueError):
+class InvalidGlob(ValueError):
     pass
 
 
@@ -34,12 +34,12 @@ def _component(part: str, pattern: str) -> str:
         elif c == "[":
             end = part.find("]", i + 2 if part[i + 1 : i + 2] in ("!", "]") else i + 1)
             if end == -1:
-                raise GlobError(f"unclosed '[' in glob {pattern!r}")
+                raise InvalidGlob(f"unclosed '[' in glob {pattern!r}")
             body = part[i + 1 : end]
             negate = body.startswith("!")
             body = body[1:] if negate else body
             if "/" in body:
-                raise GlobError(f"'/' inside a character class in glob {pattern!r}")
+                raise InvalidGlob(f"'/' inside a character class in glob {pattern!r}")
             body = body.replace("\\", "\\\\").replace("^", "\\^")
             out.append(f"[^/{body}]" if negate else f"[{body}]")
             i = end
@@ -52,15 +52,15 @@ def _component(part: str, pattern: str) -> str:
 @functools.lru_cache(maxsize=512)
 def compile_glob(pattern: str) -> re.Pattern[str]:
     if not pattern or not pattern.strip():
-        raise GlobError("empty glob")
+        raise InvalidGlob("empty glob")
     p = pattern.lstrip("/")
     if p.endswith("/"):
         p += "**"
     if not p:
-        raise GlobError(f"glob {pattern!r} names the repository root; use '**' to mean every path")
+        raise InvalidGlob(f"glob {pattern!r} names the repository root; use '**' to mean every path")
     parts = p.split("/")
     if any(part in ("", ".", "..") for part in parts):
-        raise GlobError(f"glob {pattern!r} has an empty, '.' or '..' component "
+        raise InvalidGlob(f"glob {pattern!r} has an empty, '.' or '..' component "
                         "(paths are repository-relative)")
     regex = ""
     for n, part in enumerate(parts):

@@ -67,40 +67,40 @@ class Signature(NamedTuple):
         return Signature(*(merge(getattr(self, k), getattr(other, k)) for k in KEYS))
 
 
-class SignatureError(ValueError):
+class BadSignature(ValueError):
     pass
 
 
 def parse_signature(text: str) -> Signature:
-    """Parse and validate one signature file's text; SignatureError names the problem."""
+    """Parse and validate one signature file's text; BadSignature names the problem."""
     import tomllib  # only when a signature file exists: most runs have none, and start-up counts
 
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise SignatureError(f"TOML: {e}") from None
+        raise BadSignature(f"TOML: {e}") from None
     extra = sorted(set(doc) - {"deployment"})
     if extra:
-        raise SignatureError(f"unknown top-level key(s) {', '.join(extra)}; expected [deployment]")
+        raise BadSignature(f"unknown top-level key(s) {', '.join(extra)}; expected [deployment]")
     table = doc.get("deployment", {})
     if not isinstance(table, dict):
-        raise SignatureError("deployment must be a table")
+        raise BadSignature("deployment must be a table")
     bad = sorted(set(table) - set(KEYS))
     if bad:
-        raise SignatureError(f"unknown key(s) {', '.join(bad)} in [deployment]; known: {', '.join(KEYS)}")
+        raise BadSignature(f"unknown key(s) {', '.join(bad)} in [deployment]; known: {', '.join(KEYS)}")
     values: dict[str, tuple[str, ...]] = {}
     for key in KEYS:
         items = table.get(key, [])
         if not isinstance(items, list) or not all(isinstance(i, str) and i for i in items):
-            raise SignatureError(f"deployment.{key} must be a list of non-empty strings")
+            raise BadSignature(f"deployment.{key} must be a list of non-empty strings")
         values[key] = tuple(items)
     for s in values["unit_suffixes"]:
         if not s.endswith(UNIT_TYPES):
-            raise SignatureError(f"unit suffix {s!r} must end in .service or .scope (units are listed "
+            raise BadSignature(f"unit suffix {s!r} must end in .service or .scope (units are listed "
                                  f"with their type, so it could never match)")
     for p in values["config_paths"]:
         if not (p.startswith("/") or p == "~" or p.startswith("~/")):
-            raise SignatureError(f"config path {p!r} must be absolute or start with ~/")
+            raise BadSignature(f"config path {p!r} must be absolute or start with ~/")
     return Signature(**values)
 
 
@@ -150,7 +150,7 @@ def load(host: Host) -> Loaded:
         read.append(path)
         try:
             sig = sig.union(parse_signature(text))
-        except SignatureError as e:
+        except BadSignature as e:
             errors.append(f"{path}: {e}")
     return Loaded(sig, tuple(read), tuple(errors))
 

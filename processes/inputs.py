@@ -17,7 +17,7 @@ from pathlib import Path
 MAX_INPUT = 4 << 20
 
 
-class InputError(ValueError):
+class UnusableInput(ValueError):
     """Why the file cannot be an input, as the tail of one line (the caller names the option)."""
 
 
@@ -25,32 +25,32 @@ def read_bytes(path: str | Path, *, limit: int = MAX_INPUT) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except FileNotFoundError:
-        raise InputError("no such file") from None
+        raise UnusableInput("no such file") from None
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise InputError("too many levels of symbolic links (a symlink loop?)") from None
+            raise UnusableInput("too many levels of symbolic links (a symlink loop?)") from None
         if e.errno == errno.EISDIR:
-            raise InputError("is a directory, not a file") from None
-        raise InputError(e.strerror or str(e)) from None
+            raise UnusableInput("is a directory, not a file") from None
+        raise UnusableInput(e.strerror or str(e)) from None
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
-            raise InputError("is a directory, not a file")
+            raise UnusableInput("is a directory, not a file")
         if not stat.S_ISREG(st.st_mode):
-            raise InputError("not a regular file (a FIFO, a device or a socket is never read)")
+            raise UnusableInput("not a regular file (a FIFO, a device or a socket is never read)")
         if st.st_size > limit:
-            raise InputError(f"{st.st_size} bytes: larger than the {limit} an input may have")
+            raise UnusableInput(f"{st.st_size} bytes: larger than the {limit} an input may have")
         chunks, total = [], 0
         while True:
             try:
                 chunk = os.read(fd, 1 << 16)
             except OSError as e:
-                raise InputError(e.strerror or str(e)) from None
+                raise UnusableInput(e.strerror or str(e)) from None
             if not chunk:
                 break
             total += len(chunk)
             if total > limit:  # grew while read (or a file that lies about its size, in /proc)
-                raise InputError(f"larger than the {limit} bytes an input may have")
+                raise UnusableInput(f"larger than the {limit} bytes an input may have")
             chunks.append(chunk)
         return b"".join(chunks)
     finally:
@@ -63,4 +63,4 @@ def read_text(path: str | Path, *, limit: int = MAX_INPUT) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise InputError(f"not UTF-8 text (byte {e.start})") from None
+        raise UnusableInput(f"not UTF-8 text (byte {e.start})") from None

@@ -56,7 +56,7 @@ class SetupMode(enum.StrEnum):
     vm = "vm"
 
 
-class SetupError(Exception):
+class NoCgroupRoot(Exception):
     """The cgroup witnesses cannot run here: one line naming the step and the errno."""
 
 
@@ -87,22 +87,22 @@ class Setup:
 
     def check_allowed(self) -> None:
         if self.mode is SetupMode.vm and self.env.get("SANDBOX_CONFORMANCE_IN_VM") != "1":
-            raise SetupError("--in vm outside the VM mode's guest (SANDBOX_CONFORMANCE_IN_VM is not 1): "
+            raise NoCgroupRoot("--in vm outside the VM mode's guest (SANDBOX_CONFORMANCE_IN_VM is not 1): "
                              "refusing to rearrange this host's cgroup tree")
         # A container sharing the host's cgroup namespace (--cgroupns=host, or a bind of the host's
         # /sys/fs/cgroup) sees the host's whole tree at the mount root: moving "our" processes would
         # move every process of the host. Only a private namespace makes the root ours. Without cgroup
         # namespaces (kernel < 4.6) we cannot tell, so refuse.
         if self.mode is SetupMode.container and initial_cgroupns(self.proc):
-            raise SetupError("the container shares the host's cgroup namespace: refusing to rearrange "
+            raise NoCgroupRoot("the container shares the host's cgroup namespace: refusing to rearrange "
                                  "the host's tree (run it with --cgroupns=private)")
 
     def mount_entry(self) -> mountinfo.Mount:
         entry = mount_at(mountinfo.parse((self.proc / "self" / "mountinfo").read_text()), str(self.mount))
         if entry is None:
-            raise SetupError(f"nothing mounted at {self.mount}")
+            raise NoCgroupRoot(f"nothing mounted at {self.mount}")
         if entry.fstype != "cgroup2":
-            raise SetupError(f"{self.mount} is {entry.fstype}, not cgroup2 (a v1 or hybrid layout cannot "
+            raise NoCgroupRoot(f"{self.mount} is {entry.fstype}, not cgroup2 (a v1 or hybrid layout cannot "
                              "delegate memory to a v2 leaf)")
         return entry
 
@@ -112,17 +112,17 @@ class Setup:
             return False
         done = self.runner(["mount", "-o", "remount,rw", str(self.mount)], timeout=10)
         if not done.ok:
-            raise SetupError(f"{self.mount} is read-only and remount,rw failed ({done.stderr_tail(1)}): "
+            raise NoCgroupRoot(f"{self.mount} is read-only and remount,rw failed ({done.stderr_tail(1)}): "
                              "the container needs CAP_SYS_ADMIN (--privileged or --cap-add SYS_ADMIN)")
         if self.mount_entry().read_only:
-            raise SetupError(f"{self.mount} still read-only after remount,rw")
+            raise NoCgroupRoot(f"{self.mount} still read-only after remount,rw")
         return True
 
     def _write(self, path: Path, text: str, step: str) -> None:
         try:
             self.fs.write(path, text)
         except OSError as e:
-            raise SetupError(f"{step}: write {text!r} to {path}: {errname(e)}") from e
+            raise NoCgroupRoot(f"{step}: write {text!r} to {path}: {errname(e)}") from e
 
     def _mkdir(self, path: Path) -> None:
         try:
@@ -130,7 +130,7 @@ class Setup:
         except FileExistsError:
             pass
         except OSError as e:
-            raise SetupError(f"mkdir {path}: {errname(e)}") from e
+            raise NoCgroupRoot(f"mkdir {path}: {errname(e)}") from e
 
     def _kthread(self, pid: int) -> bool:
         try:
@@ -155,8 +155,8 @@ class Setup:
                 except ProcessLookupError:
                     continue  # exited meanwhile
                 except OSError as e:
-                    raise SetupError(f"move pid {pid} into {supervisor}: {errname(e)}") from e
-        raise SetupError(f"{self.mount / 'cgroup.procs'} kept gaining processes: could not empty it")
+                    raise NoCgroupRoot(f"move pid {pid} into {supervisor}: {errname(e)}") from e
+        raise NoCgroupRoot(f"{self.mount / 'cgroup.procs'} kept gaining processes: could not empty it")
 
     def v1_bound(self) -> list[str]:
         """Controllers this kernel has bound to a v1 hierarchy (/proc/cgroups is not namespaced: a
@@ -176,7 +176,7 @@ class Setup:
             held = [c for c in missing if c in self.v1_bound()]
             why = (f"{' '.join(held)} bound to a cgroup v1 hierarchy on this kernel (hybrid layout)" if held
                    else "the parent did not delegate them")
-            raise SetupError(f"{cgroup / 'cgroup.controllers'} lacks {' '.join(missing)} (has: "
+            raise NoCgroupRoot(f"{cgroup / 'cgroup.controllers'} lacks {' '.join(missing)} (has: "
                              f"{' '.join(available) or 'nothing'}): {why}")
         self._write(cgroup / "cgroup.subtree_control", " ".join(f"+{c}" for c in CONTROLLERS),
                     "enable controllers")
@@ -185,9 +185,9 @@ class Setup:
     def prove(self, root: Path, enabled: Sequence[str]) -> None:
         proof = prove(root, enabled, self.fs)
         if proof.leftover:
-            raise SetupError(f"prove memory.max under {root}: could not clean up: {proof.leftover}")
+            raise NoCgroupRoot(f"prove memory.max under {root}: could not clean up: {proof.leftover}")
         if not proof.ok:
-            raise SetupError(f"prove memory.max under {root}: {proof.what}")
+            raise NoCgroupRoot(f"prove memory.max under {root}: {proof.what}")
 
     def run(self) -> SetupResult:
         self.check_allowed()
@@ -216,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         result = Setup(SetupMode(args.mode), mount=args.mount).run()
-    except SetupError as e:
+    except NoCgroupRoot as e:
         print(f"sandbox-conformance: cgroup witnesses unavailable: {e}", file=sys.stderr)
         if command:
             # The rest of the suite still runs; the cgroup witnesses skip (or fail under the require

@@ -53,7 +53,7 @@ SETUP_ARGV = (f"{IMAGE_VENV}/bin/python", "-m", "sandbox_conformance.runners.cgr
 SETUP_TIMEOUT = 60
 
 
-class ContainerError(Exception):
+class ContainerUnusable(Exception):
     """The container could not be prepared (build, start, install): nothing was tested."""
 
     def __init__(self, message: str, ways_on: Sequence[str] = ()) -> None:
@@ -270,14 +270,14 @@ def combine(legs: Sequence[Leg]) -> int:
 
 
 def _failed(c: Completed) -> str:
-    """A failed step's end, for its progress line (the error itself is the ContainerError's)."""
+    """A failed step's end, for its progress line (the error itself is the ContainerUnusable's)."""
     return "failed: timed out" if c.timed_out else f"failed: exit {c.returncode}"
 
 
 def _check(c: Completed, what: str) -> Completed:
     if not c.ok:
         why = "timed out" if c.timed_out else f"exit {c.returncode}"
-        raise ContainerError(f"{what} failed ({why}): {c.stderr_tail(4) or c.stdout.strip()[-300:]}")
+        raise ContainerUnusable(f"{what} failed ({why}): {c.stderr_tail(4) or c.stdout.strip()[-300:]}")
     return c
 
 
@@ -324,7 +324,7 @@ def ensure_base(engine: Engine, base: str | None, *, say: Callable[[str], None],
     why = (f"timed out after {PULL_TIMEOUT:.0f}s" if c.timed_out
            else c.stderr_tail(1) or f"exit {c.returncode}")
     which = "the base image" if base else "the Dockerfile's base image"
-    raise ContainerError(f"{which} {name} is not on the {engine.kind} engine and pulling it failed "
+    raise ContainerUnusable(f"{which} {name} is not on the {engine.kind} engine and pulling it failed "
                          f"(is a registry reachable from here?): {why}", base_ways_on(engine))
 
 
@@ -336,7 +336,7 @@ def build_image(engine: Engine, *, base: str | None, say: Callable[[str], None],
     progress = progress or Progress.off()
     dockerfile = repo / "Dockerfile"
     if not dockerfile.is_file():
-        raise ContainerError(f"no Dockerfile at {repo}: container mode needs the checkout",
+        raise ContainerUnusable(f"no Dockerfile at {repo}: container mode needs the checkout",
                              ("--image NAME: an image already built from the project's Dockerfile",))
     ensure_base(engine, base, say=say, dockerfile=dockerfile, progress=progress)
     shown = base or dockerfile_base(dockerfile) or "the Dockerfile's default"

@@ -104,10 +104,10 @@ def check(args: argparse.Namespace) -> None:
 
             try:
                 prof = profile_mod.load(args.profile)
-            except (profile_mod.ProfileError, OSError, ValueError):
+            except (profile_mod.InvalidProfile, OSError, ValueError):
                 return
             settings_mod.select(prof, only, skip)
-    except (promises.SelectionError, ValueError) as e:  # settings.SettingsError is a ValueError
+    except (promises.UnknownPromise, ValueError) as e:  # settings.InvalidSettings is a ValueError
         raise UsageError(str(e)) from None
 
 

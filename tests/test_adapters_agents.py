@@ -88,7 +88,7 @@ def test_the_new_vocabulary_parses_and_makes_its_own_promise_families(tmp_path: 
 def test_a_bad_use_of_the_new_vocabulary_names_file_key_and_expectation(
     tmp_path: Path, body: str, key: str, expected: str
 ) -> None:
-    with pytest.raises(P.ProfileError) as e:
+    with pytest.raises(P.InvalidProfile) as e:
         _load(tmp_path, MINIMAL + body)
     assert str(e.value).startswith(f"{tmp_path / 'p.toml'}: {key}: expected "), e.value
     assert expected in str(e.value)

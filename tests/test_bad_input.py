@@ -187,7 +187,7 @@ def test_a_tier_timeout_must_be_finite_and_bounded(tmp_path: Path, value: str) -
     cfg = tmp_path / "mr.toml"
     cfg.write_text(f'[[tool.sandbox-conformance.tiers]]\nname = "t"\nglobs = ["x/**"]\ntimeout = {value}\n'
                    'run = { kind = "command", argv = ["true"] }\n')
-    with pytest.raises(config.ConfigError, match="timeout: expected a positive number of seconds"):
+    with pytest.raises(config.InvalidConfig, match="timeout: expected a positive number of seconds"):
         config.load(tmp_path, cfg)
 
 

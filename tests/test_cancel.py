@@ -737,7 +737,7 @@ def _vm_image_or_skip() -> None:
         pytest.skip("qemu not installed (scripts/vm-deps)")
     try:
         vm_image.ensure_image()
-    except vm_image.ImageError as e:
+    except vm_image.ImageNotBuilt as e:
         pytest.skip(f"no VM image: {e} (scripts/vm-deps)")
 
 

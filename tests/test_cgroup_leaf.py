@@ -15,7 +15,7 @@ import pytest
 
 from sandbox_conformance.conformance.cgroup_leaf import (
     ENTER_FAILED,
-    CgroupError,
+    CgroupUnusable,
     KillMethod,
     Leaf,
     LeafLimits,
@@ -119,7 +119,7 @@ def test_no_swap_accounting_is_not_an_error(root):
 
 def test_a_controller_not_enabled_is_an_error_and_leaves_nothing_behind(root):
     fs = FakeCgroupFs(without={"memory.max", "memory.swap.max"})
-    with pytest.raises(CgroupError, match=r"memory controller is not enabled .*cgroup.subtree_control"):
+    with pytest.raises(CgroupUnusable, match=r"memory controller is not enabled .*cgroup.subtree_control"):
         make_leaf(root, "task-1", LeafLimits(memory_max=1 << 20, pids_max=4), fs=fs)
     assert not (root / "task-1").exists()
 
@@ -127,9 +127,9 @@ def test_a_controller_not_enabled_is_an_error_and_leaves_nothing_behind(root):
 @pytest.mark.parametrize("name", ["", "..", "../escape", "a/b", ".hidden", "cgroup.procs", "memory.max",
                                   "pids.max", "x" * 65, "sp ace"])
 def test_a_name_that_could_leave_the_root_or_clash_is_refused(root, name):
-    with pytest.raises(CgroupError, match="bad leaf name"):
+    with pytest.raises(CgroupUnusable, match="bad leaf name"):
         leaf_path(root, name)
-    with pytest.raises(CgroupError):
+    with pytest.raises(CgroupUnusable):
         make_leaf(root, name, LeafLimits(), fs=FakeCgroupFs())
     assert sorted(p.name for p in root.parent.parent.iterdir()) == ["cg"]
     assert sorted(p.name for p in root.iterdir()) == ["cgroup.procs"]
@@ -138,13 +138,13 @@ def test_a_name_that_could_leave_the_root_or_clash_is_refused(root, name):
 def test_a_leaf_is_never_reused(root):
     fs = FakeCgroupFs()
     make_leaf(root, "task-1", LeafLimits(), fs=fs)
-    with pytest.raises(CgroupError, match="already exists"):
+    with pytest.raises(CgroupUnusable, match="already exists"):
         make_leaf(root, "task-1", LeafLimits(), fs=fs)
 
 
 def test_writes_outside_the_leaf_are_refused(root):
     leaf = make_leaf(root, "task-1", LeafLimits(), fs=FakeCgroupFs())
-    with pytest.raises(CgroupError, match="outside the leaf"):
+    with pytest.raises(CgroupUnusable, match="outside the leaf"):
         leaf._write_inside("../cgroup.procs", "1")
 
 
@@ -170,7 +170,7 @@ def test_an_ebusy_rmdir_is_retried(root):
 def test_a_leaf_busy_for_ever_is_an_error_after_the_timeout(root):
     fs = FakeCgroupFs(busy_rmdirs=10**6)
     leaf = make_leaf(root, "task-1", LeafLimits(), fs=fs)
-    with pytest.raises(CgroupError, match=r"rmdir .*EBUSY"):
+    with pytest.raises(CgroupUnusable, match=r"rmdir .*EBUSY"):
         leaf.remove(timeout=0.1)
 
 
@@ -188,7 +188,7 @@ def test_a_pid_that_never_leaves_is_an_error_after_the_timeout(root):
     fs = FakeCgroupFs(stubborn={301})
     leaf = make_leaf(root, "task-1", LeafLimits(), fs=fs)
     populate(leaf, fs, [301, 302])
-    with pytest.raises(CgroupError, match=r"still holds pids \[301\]"):
+    with pytest.raises(CgroupUnusable, match=r"still holds pids \[301\]"):
         leaf.kill(timeout=0.1)
 
 

@@ -16,7 +16,7 @@ from sandbox_conformance.kernel import mountinfo as mountinfo_mod
 from sandbox_conformance.kernel.cgroupfs import PROOF_LIMIT, CgroupFs, mount_at
 from sandbox_conformance.processes.run import Completed
 from sandbox_conformance.runners import cgroup_setup
-from sandbox_conformance.runners.cgroup_setup import Setup, SetupError, SetupMode, is_kernel_thread
+from sandbox_conformance.runners.cgroup_setup import NoCgroupRoot, Setup, SetupMode, is_kernel_thread
 
 REPO = Path(__file__).resolve().parent.parent
 KTHREAD_STAT = "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 8 0 0"
@@ -150,7 +150,7 @@ def test_a_read_only_mount_without_cap_sys_admin_loses_the_witnesses_with_the_re
     def runner(argv, *, timeout, input=None, env=None, cwd=None):
         return Completed(tuple(argv), 32, "", "mount: permission denied", 0.1)
 
-    with pytest.raises(SetupError, match="CAP_SYS_ADMIN"):
+    with pytest.raises(NoCgroupRoot, match="CAP_SYS_ADMIN"):
         make(host, runner=runner).run()
     assert fs.writes == []
 
@@ -159,14 +159,14 @@ def test_a_read_only_mount_without_cap_sys_admin_loses_the_witnesses_with_the_re
 def test_a_v1_or_hybrid_mount_is_refused_before_any_write(host, fstype):
     mount, proc, fs = host
     (proc / "self" / "mountinfo").write_text(mountinfo(mount, fstype=fstype))
-    with pytest.raises(SetupError, match="not cgroup2"):
+    with pytest.raises(NoCgroupRoot, match="not cgroup2"):
         make(host).run()
     assert fs.writes == [] and not (mount / "supervisor").exists()
 
 
 def test_vm_mode_outside_the_vm_is_refused_before_any_write(host):
     mount, _, fs = host
-    with pytest.raises(SetupError, match="SANDBOX_CONFORMANCE_IN_VM"):
+    with pytest.raises(NoCgroupRoot, match="SANDBOX_CONFORMANCE_IN_VM"):
         make(host, SetupMode.vm, env={}).run()
     assert fs.writes == [] and not (mount / "supervisor").exists()
     assert make(host, SetupMode.vm, env={"SANDBOX_CONFORMANCE_IN_VM": "1"}).run().root == mount / "tasks"
@@ -176,7 +176,7 @@ def test_a_container_in_the_hosts_cgroup_namespace_is_refused_before_any_write(h
     mount, proc, fs = host
     (proc / "self" / "ns" / "cgroup").unlink()
     (proc / "self" / "ns" / "cgroup").symlink_to("cgroup:[4026531835]")  # PROC_CGROUP_INIT_INO
-    with pytest.raises(SetupError, match="--cgroupns=private"):
+    with pytest.raises(NoCgroupRoot, match="--cgroupns=private"):
         make(host).run()
     assert fs.writes == [] and not (mount / "supervisor").exists()
 
@@ -184,7 +184,7 @@ def test_a_container_in_the_hosts_cgroup_namespace_is_refused_before_any_write(h
 def test_a_missing_memory_controller_is_named(host):
     mount, _, _ = host
     (mount / "cgroup.controllers").write_text("cpu pids\n")
-    with pytest.raises(SetupError, match="lacks memory"):
+    with pytest.raises(NoCgroupRoot, match="lacks memory"):
         make(host).run()
 
 
@@ -195,7 +195,7 @@ def test_a_proof_child_left_behind_fails_the_setup(host):
         raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(path))
 
     fs.rmdir = rmdir
-    with pytest.raises(SetupError, match=r"could not clean up: FAILED to remove .*sbxc-proof-.*: EBUSY"):
+    with pytest.raises(NoCgroupRoot, match=r"could not clean up: FAILED to remove .*sbxc-proof-.*: EBUSY"):
         make(host).run()
     assert [p.name.startswith("sbxc-proof-") for p in (mount / "tasks").iterdir() if p.is_dir()] == [True]
 
@@ -233,7 +233,7 @@ def test_this_hosts_mount_is_judged_by_its_real_type():
     entry = mount_at(mountinfo_mod.parse(Path("/proc/self/mountinfo").read_text()), "/sys/fs/cgroup")
     setup = Setup(SetupMode.container)
     if entry is None or entry.fstype != "cgroup2":
-        with pytest.raises(SetupError):
+        with pytest.raises(NoCgroupRoot):
             setup.mount_entry()
     else:
         assert setup.mount_entry().fstype == "cgroup2"

@@ -102,7 +102,7 @@ def test_a_bad_profile_names_file_key_and_expectation(
     tmp_path: Path, body: str, key: str, expected: str
 ) -> None:
     f = _write(tmp_path, body)
-    with pytest.raises(P.ProfileError) as e:
+    with pytest.raises(P.InvalidProfile) as e:
         P.load(f)
     msg = str(e.value)
     assert "\n" not in msg
@@ -111,7 +111,7 @@ def test_a_bad_profile_names_file_key_and_expectation(
 
 
 def test_a_missing_profile_file_is_a_profile_error(tmp_path: Path) -> None:
-    with pytest.raises(P.ProfileError, match=r"no such file"):
+    with pytest.raises(P.InvalidProfile, match=r"no such file"):
         P.load(tmp_path / "nope.toml")
 
 
@@ -242,7 +242,7 @@ def test_each_perturbation_flips_one_thing(perturbation: str, present: list[str]
 
 
 def test_an_unknown_perturbation_is_refused() -> None:
-    with pytest.raises(bwrap_argv.BuildError, match="unknown perturbation"):
+    with pytest.raises(bwrap_argv.UnbuildableProfile, match="unknown perturbation"):
         bwrap_argv.reference_argv(P.load(None), VALUES, FACTS, frozenset({"nope"}))
 
 
@@ -268,7 +268,7 @@ def test_a_profile_can_say_it_confines_no_filesystem_and_how_nesting_is_refused(
     ],
 )
 def test_a_bad_nesting_errno_or_write_surface_names_its_key(tmp_path: Path, body: str, key: str) -> None:
-    with pytest.raises(P.ProfileError) as e:
+    with pytest.raises(P.InvalidProfile) as e:
         P.load(_write(tmp_path, '[profile]\nname = "t"\n' + body))
     assert e.value.key == key
 
@@ -310,6 +310,6 @@ def test_a_profile_disclaims_a_default_promise_with_a_reason_and_allows_devices_
     ],
 )
 def test_a_bad_reach_key_names_itself(tmp_path: Path, body: str, key: str) -> None:
-    with pytest.raises(P.ProfileError) as e:
+    with pytest.raises(P.InvalidProfile) as e:
         P.load(_write(tmp_path, MINIMAL + body))
     assert e.value.key == key

@@ -20,9 +20,9 @@ from witness_cli import junit, witness
 
 from sandbox_conformance.conformance import profile
 from sandbox_conformance.conformance.launch import (
-    HarnessError,
     Launcher,
     LauncherKind,
+    NoObservation,
     external,
     launch,
     parse_document,
@@ -352,11 +352,11 @@ def test_a_launcher_that_does_not_deliver_is_a_harness_error_naming_it_and_leave
 def test_parse_document_never_passes_an_incomplete_launch() -> None:
     ok = Completed(("x",), 0, '{"version": 2, "complete": true}\n', "", 0.1)
     assert parse_document("L", ok)["complete"] is True
-    with pytest.raises(HarnessError, match=r"^L: exited 1"):
+    with pytest.raises(NoObservation, match=r"^L: exited 1"):
         parse_document("L", Completed(("x",), 1, '{"version": 2, "complete": true}\n', "", 0.1))
-    with pytest.raises(HarnessError, match="version 1, expected 2"):
+    with pytest.raises(NoObservation, match="version 1, expected 2"):
         parse_document("L", Completed(("x",), 0, '{"version": 1, "complete": true}\n', "", 0.1))
-    with pytest.raises(HarnessError, match="timed out"):
+    with pytest.raises(NoObservation, match="timed out"):
         parse_document("L", Completed(("x",), None, "", "", 5.0, timed_out=True))
 
 
@@ -371,12 +371,12 @@ def test_an_entry_point_launcher_builds_its_argv_from_the_spec() -> None:
     lau = Launcher(name="launcher entry point 'x'", kind=ep, factory=lambda spec: ["env", "-i"])
     assert lau.argv({"task_id": "t"}, {}) == ("env", "-i", "python3", "-I", "-S", "-")
     bad = Launcher(name="launcher entry point 'y'", kind=ep, factory=lambda spec: "env -i")
-    with pytest.raises(HarnessError, match="entry point 'y'"):
+    with pytest.raises(NoObservation, match="entry point 'y'"):
         bad.argv({}, {})
 
 
 def test_launch_kills_the_whole_process_group_on_timeout(tmp_path: Path) -> None:
-    with pytest.raises(HarnessError, match="timed out"):
+    with pytest.raises(NoObservation, match="timed out"):
         launch(
             "L",
             ["/bin/sh", "-c", "sleep 6132 & sleep 6132; wait"],

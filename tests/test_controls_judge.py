@@ -37,8 +37,8 @@ def assertion(msg: str = "AssertionError: saw ok, not EROFS") -> str:
 
 
 HARNESS = (
-    '<error message="failed on setup with &quot;conformance.launch.HarnessError: launcher: exited 70&quot;">'
-    "HarnessError</error>"
+    '<error message="failed on setup with &quot;conformance.launch.NoObservation: launcher: exited 70&quot;">'
+    "NoObservation</error>"
 )
 SKIP = '<skipped type="pytest.skip" message="the host has no file to hide">skip</skipped>'
 
@@ -100,11 +100,11 @@ def test_each_testcase_is_classified_from_junit_elements_and_plugin_properties(
 
 
 def test_unreadable_or_ambiguous_junit_is_an_error_not_an_empty_result() -> None:
-    with pytest.raises(j.JUnitError, match="not XML"):
+    with pytest.raises(j.UnreadableJUnit, match="not XML"):
         j.parse_junit("<testsuites")
-    with pytest.raises(j.JUnitError, match="root element"):
+    with pytest.raises(j.UnreadableJUnit, match="root element"):
         j.parse_junit("<html/>")
-    with pytest.raises(j.JUnitError, match="two testcases"):
+    with pytest.raises(j.UnreadableJUnit, match="two testcases"):
         j.parse_junit(junit(case(A), case(A)))
 
 

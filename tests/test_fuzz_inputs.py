@@ -56,7 +56,7 @@ def _bad_profile(p: Path) -> bool:
 
     try:
         profile.load(p)
-    except profile.ProfileError:
+    except profile.InvalidProfile:
         return True
     return False
 

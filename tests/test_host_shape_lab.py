@@ -88,7 +88,7 @@ def _image() -> vm_image.VmImage:
         pytest.skip(f"{CLI} not installed: run `make test` (pip install -e .)")
     try:
         return vm_image.ensure_image()
-    except vm_image.ImageError as e:
+    except vm_image.ImageNotBuilt as e:
         pytest.skip(f"no VM image: {e}")
 
 

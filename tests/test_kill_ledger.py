@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from sandbox_conformance.conformance import observer
-from sandbox_conformance.conformance.launch import HarnessError, parse_document
+from sandbox_conformance.conformance.launch import NoObservation, parse_document
 from sandbox_conformance.processes import kills
 from sandbox_conformance.processes.run import run
 
 
 def _error(argv: list[str], **kw: object) -> str:
-    with pytest.raises(HarnessError) as e:
+    with pytest.raises(NoObservation) as e:
         parse_document("launcher 'x'", run(argv, timeout=30, **kw))  # type: ignore[arg-type]
     return str(e.value)
 

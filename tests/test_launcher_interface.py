@@ -173,7 +173,7 @@ def test_a_launcher_exiting_75_is_one_did_not_run_with_its_reason_and_exit_75(tm
 
 
 def test_exit_75_is_sandbox_unavailable_and_any_other_exit_a_harness_error() -> None:
-    from sandbox_conformance.conformance.launch import HarnessError, SandboxUnavailable, parse_document
+    from sandbox_conformance.conformance.launch import NoObservation, SandboxUnavailable, parse_document
     from sandbox_conformance.processes.run import Completed
 
     def done(code: int) -> Completed:
@@ -182,7 +182,7 @@ def test_exit_75_is_sandbox_unavailable_and_any_other_exit_a_harness_error() -> 
     with pytest.raises(SandboxUnavailable) as unavailable:
         parse_document("launcher 'x'", done(75))
     assert unavailable.value.reason == "needs a VM"
-    with pytest.raises(HarnessError) as other:
+    with pytest.raises(NoObservation) as other:
         parse_document("launcher 'x'", done(1))
     assert not isinstance(other.value, SandboxUnavailable) and "exited 1" in str(other.value)
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from sandbox_conformance.mrcheck import tiers as mr_tiers
-from sandbox_conformance.mrcheck.config import ConfigError, MissingConfig, Tier, TierKind, load, parse
+from sandbox_conformance.mrcheck.config import InvalidConfig, MissingConfig, Tier, TierKind, load, parse
 from sandbox_conformance.mrcheck.git import Change, ChangeStatus, Source, collect
-from sandbox_conformance.mrcheck.globs import GlobError, compile_glob, matches
+from sandbox_conformance.mrcheck.globs import InvalidGlob, compile_glob, matches
 from sandbox_conformance.mrcheck.report import plan
 from sandbox_conformance.mrcheck.tiers import Gate, TierOutcome, TierResult, classify_runner, run_tier
 from sandbox_conformance.probes.finding import Finding, Verdict
@@ -60,7 +60,7 @@ def test_a_glob_matches_repository_paths_component_by_component(pattern: str, pa
 
 @pytest.mark.parametrize("pattern", ["", "  ", "/", "src//x", "src/../x", "./x", "x/[ab"])
 def test_a_malformed_glob_is_rejected(pattern: str) -> None:
-    with pytest.raises(GlobError):
+    with pytest.raises(InvalidGlob):
         compile_glob(pattern)
 
 
@@ -109,7 +109,7 @@ def _with_tier(**tier: object) -> dict[str, object]:
 ])
 def test_a_bad_configuration_is_one_line_naming_file_key_and_expectation(doc: dict, key: str,
                                                                           expected: str) -> None:
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(InvalidConfig) as e:
         parse(doc, Path("/r/pyproject.toml"), whole_file=False)
     msg = str(e.value)
     assert "\n" not in msg
@@ -130,10 +130,10 @@ def test_a_config_file_may_hold_the_tiers_at_its_top_level(tmp_path: Path) -> No
     f = tmp_path / "mr.toml"
     f.write_text('[[tiers]]\nname = "t"\nglobs = ["a/**"]\nrun = { kind = "cgroup" }\n')
     assert load(tmp_path, f).tiers[0].kind is TierKind.cgroup
-    with pytest.raises(ConfigError, match=r"--config .*: no such file"):
+    with pytest.raises(InvalidConfig, match=r"--config .*: no such file"):
         load(tmp_path, tmp_path / "missing.toml")
     f.write_text("tiers = [")
-    with pytest.raises(ConfigError, match="not valid TOML"):
+    with pytest.raises(InvalidConfig, match="not valid TOML"):
         load(tmp_path, f)
 
 
@@ -687,7 +687,7 @@ def test_a_cgroup_tier_runs_for_real_with_mode_vm_where_the_host_cannot_delegate
     """The way on this host names (`--mode vm`) really runs the cgroup witnesses and reports PASS."""
     from sandbox_conformance.runners.vm import image as vm_image
     from sandbox_conformance.runners.vm import qemu as vm
-    from sandbox_conformance.runners.vm.image import ImageError
+    from sandbox_conformance.runners.vm.image import ImageNotBuilt
 
     if os.geteuid() != 0:
         pytest.skip("the VM tier runs as root")
@@ -695,7 +695,7 @@ def test_a_cgroup_tier_runs_for_real_with_mode_vm_where_the_host_cannot_delegate
         pytest.skip(f"{vm.QEMU} not installed: run scripts/vm-deps")
     try:
         vm_image.ensure_image()
-    except ImageError as e:
+    except ImageNotBuilt as e:
         pytest.skip(f"no VM image: {e}")
     repo = make_repo(tmp_path / "r", """\
         [[tool.sandbox-conformance.tiers]]

@@ -31,7 +31,7 @@ from test_mr_check import (
 )
 
 from sandbox_conformance.mrcheck import tiers as mr_tiers
-from sandbox_conformance.mrcheck.config import ConfigError, Tier, TierKind, parse, resolve_launcher
+from sandbox_conformance.mrcheck.config import InvalidConfig, Tier, TierKind, parse, resolve_launcher
 from sandbox_conformance.mrcheck.git import Change, Changes, ChangeStatus, Source
 from sandbox_conformance.mrcheck.report import CheckReport, Invocation, ReportFormat, plan, render
 from sandbox_conformance.mrcheck.tiers import TierOutcome, TierResult, classify_runner
@@ -107,12 +107,12 @@ def merged_history(repo: Path) -> None:
 ])
 def test_an_unknown_key_under_the_tool_table_is_an_error_not_ignored(table: dict, named: str) -> None:
     tiers = [{"name": "ok", "globs": ["src/**"], "run": {"kind": "witness"}}]
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(InvalidConfig) as e:
         parse({"tool": {"sandbox-conformance": {"tiers": tiers, **table}}}, Path("/r/pyproject.toml"),
               whole_file=False)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("/r/pyproject.toml: unknown key") and named in msg, msg
-    with pytest.raises(ConfigError, match=named):  # a --config file with the tiers at its top level too
+    with pytest.raises(InvalidConfig, match=named):  # a --config file with the tiers at its top level too
         parse({"tiers": tiers, **table}, Path("/r/mr.toml"), whole_file=True)
 
 
@@ -321,7 +321,7 @@ def test_a_relative_launcher_is_resolved_against_the_repository_root(tmp_path: P
 
 
 def test_a_missing_relative_launcher_is_exit_2(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"\./nope\.sh: no such file under"):
+    with pytest.raises(InvalidConfig, match=r"\./nope\.sh: no such file under"):
         resolve_launcher("./nope.sh", tmp_path, "tier 'w' run.launcher")
     repo = make_repo(tmp_path / "r", WITNESS_TIER.replace('{ kind = "witness" }',
                                                           '{ kind = "witness", launcher = "./nope.sh" }'))

@@ -16,7 +16,7 @@ from witness_cli import witness
 from sandbox_conformance.commands import controls as controls_cmd
 from sandbox_conformance.conformance import observer
 from sandbox_conformance.conformance.controls_judge import ControlStatus, ControlVerdict
-from sandbox_conformance.conformance.harness import HarnessError, check_document
+from sandbox_conformance.conformance.harness import NoObservation, check_document
 from sandbox_conformance.conformance.plan import Plan
 from sandbox_conformance.kernel import mountinfo
 
@@ -110,9 +110,9 @@ def test_a_document_from_another_launch_or_for_another_plan_is_a_harness_error()
         launch_nonce="n1",
     )
     check_document("L", {"launch_nonce": "n1", "ops": [{"op": "stat", "path": "/x", "result": {}}]}, plan)
-    with pytest.raises(HarnessError, match="not from this launch"):
+    with pytest.raises(NoObservation, match="not from this launch"):
         check_document("L", {"launch_nonce": "n0", "ops": []}, plan)
-    with pytest.raises(HarnessError, match="does not answer the plan: no stat /x"):
+    with pytest.raises(NoObservation, match="does not answer the plan: no stat /x"):
         check_document("L", {"launch_nonce": "n1", "ops": [{"op": "stat", "path": "/y", "result": {}}]}, plan)
 
 

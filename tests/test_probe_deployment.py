@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_conformance.probes import deployment
-from sandbox_conformance.probes.deployment import Signature, SignatureError, parse_signature
+from sandbox_conformance.probes.deployment import BadSignature, Signature, parse_signature
 from sandbox_conformance.probes.finding import Verdict
 from sandbox_conformance.probes.host import Host
 
@@ -115,7 +115,7 @@ def test_a_valid_signature_parses_every_key():
     ("[deployment\n", "TOML"),
 ])
 def test_a_malformed_signature_is_refused_with_the_reason(text, named):
-    with pytest.raises(SignatureError, match=None) as e:
+    with pytest.raises(BadSignature, match=None) as e:
         parse_signature(text)
     assert named in str(e.value)
 

@@ -45,7 +45,7 @@ BAD = {
 @pytest.mark.parametrize("body", BAD.values(), ids=BAD.keys())
 def test_a_value_that_can_never_be_kept_is_one_line_naming_the_key(body: str) -> None:
     doc = tomllib.loads(BASE + body)
-    with pytest.raises(profile.ProfileError) as e:
+    with pytest.raises(profile.InvalidProfile) as e:
         profile.parse(doc, "p.toml")
     assert str(e.value).startswith("p.toml: ") and "\n" not in str(e.value)
 

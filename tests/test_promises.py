@@ -90,7 +90,7 @@ def test_each_id_says_in_one_line_what_it_means_and_what_makes_it() -> None:
 ])
 def test_a_bad_selection_is_one_line_naming_the_option_and_the_id(only: list[str], skip: list[str],
                                                                   error: str) -> None:
-    with pytest.raises(promises.SelectionError) as e:
+    with pytest.raises(promises.UnknownPromise) as e:
         promises.select(only, skip)
     assert str(e.value).startswith(error) and "\n" not in str(e.value)
 
@@ -114,11 +114,11 @@ def test_the_settings_carry_the_selection_into_the_profile() -> None:
 
 def test_a_selection_that_leaves_nothing_to_test_is_a_usage_error() -> None:
     everything = ",".join(profile.load(None).promises())
-    with pytest.raises(settings_mod.SettingsError, match=r"^--skip: leaves none of the promises profile "
+    with pytest.raises(settings_mod.InvalidSettings, match=r"^--skip: leaves none of the promises profile "
                        r"reference makes to test"):
         settings_mod.build(profile=None, launcher=None, skip=[everything], environ={})
     # hidden is catalogued, but the reference profile does not make it: nothing is left to test.
-    with pytest.raises(settings_mod.SettingsError, match=r"^--only: leaves none"):
+    with pytest.raises(settings_mod.InvalidSettings, match=r"^--only: leaves none"):
         settings_mod.build(profile=None, launcher=None, only=["hidden"], environ={})
 
 

@@ -228,7 +228,7 @@ def test_a_controller_held_by_cgroup_v1_is_named_as_the_reason(tmp_path: Path, p
                                                                 why: str) -> None:
     """What this host's container really hits: its cgroup2 side offers neither memory nor pids, because
     the kernel bound them to v1 (/proc/cgroups is global, so the container sees the host's bindings)."""
-    from sandbox_conformance.runners.cgroup_setup import Setup, SetupError, SetupMode
+    from sandbox_conformance.runners.cgroup_setup import NoCgroupRoot, Setup, SetupMode
 
     cgroup, proc = tmp_path / "cg", tmp_path / "proc"
     cgroup.mkdir()
@@ -237,7 +237,7 @@ def test_a_controller_held_by_cgroup_v1_is_named_as_the_reason(tmp_path: Path, p
     (cgroup / "cgroup.subtree_control").write_text("")
     if proc_cgroups is not None:
         (proc / "cgroups").write_text(proc_cgroups)
-    with pytest.raises(SetupError) as e:
+    with pytest.raises(NoCgroupRoot) as e:
         Setup(SetupMode.container, mount=cgroup, proc=proc, env={}).enable(cgroup)
     assert f"lacks memory pids (has: hugetlb): {why}" in str(e.value)
     assert (cgroup / "cgroup.subtree_control").read_text() == ""  # refused before any write
@@ -283,7 +283,7 @@ def offline_engine(tmp_path: Path) -> tuple[Engine, Path, Path]:
 def test_an_unpullable_base_is_a_refusal_naming_base_image_and_the_script(offline_engine, tmp_path) -> None:
     engine, _, log = offline_engine
     said: list[str] = []
-    with pytest.raises(container.ContainerError) as e:
+    with pytest.raises(container.ContainerUnusable) as e:
         container.build_image(engine, base=None, say=said.append)
     default = container.dockerfile_base(container.REPO / "Dockerfile")
     assert default == "debian:bookworm-slim"  # the Dockerfile's own `ARG BASE=`, read, not assumed
@@ -490,7 +490,7 @@ def test_on_a_terminal_the_start_the_setup_and_each_leg_are_stages_with_their_re
 def test_the_image_build_and_a_failed_pull_are_stages_too(offline_engine, tmp_path: Path) -> None:
     engine, _, _ = offline_engine
     loud = _Tty()
-    with pytest.raises(container.ContainerError):
+    with pytest.raises(container.ContainerUnusable):
         container.build_image(engine, base=None, say=lambda s: None, progress=_progress(loud))
     assert _stages(loud.getvalue()) == [("container base image pull", "started", ""),
                                         ("container base image pull", "done", "failed: exit 1")]

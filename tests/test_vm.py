@@ -28,7 +28,7 @@ from sandbox_conformance.runners.vm import mode as vm_mode
 from sandbox_conformance.runners.vm import qemu as vm
 from sandbox_conformance.runners.vm import suite as vm_suite
 from sandbox_conformance.runners.vm.image import (
-    ImageError,
+    ImageNotBuilt,
     VmImage,
     elf_has_interpreter,
     extract_vmlinux,
@@ -40,8 +40,8 @@ from sandbox_conformance.runners.vm.image import (
 )
 from sandbox_conformance.runners.vm.qemu import (
     Accel,
-    VmError,
     VmResult,
+    VmUnusable,
     check_workdir,
     kernel_cmdline,
     qemu_argv,
@@ -63,9 +63,9 @@ def test_the_kernel_package_is_read_from_the_meta_package_dependency():
 
 def test_the_cloud_kernel_is_refused_because_it_has_no_9p():
     assert kernel_version_of("linux-image-6.1.0-57-amd64") == "6.1.0-57-amd64"
-    with pytest.raises(ImageError, match="no 9p"):
+    with pytest.raises(ImageNotBuilt, match="no 9p"):
         kernel_version_of("linux-image-6.1.0-57-cloud-amd64")
-    with pytest.raises(ImageError):
+    with pytest.raises(ImageNotBuilt):
         kernel_version_of("busybox-static")
 
 
@@ -86,9 +86,9 @@ def test_modules_load_after_their_dependencies_each_once():
 
 
 def test_a_missing_or_cyclic_module_is_an_error():
-    with pytest.raises(ImageError, match="not found"):
+    with pytest.raises(ImageNotBuilt, match="not found"):
         module_order(["9p"], {"9p": ["netfs"]})
-    with pytest.raises(ImageError, match="cycle"):
+    with pytest.raises(ImageNotBuilt, match="cycle"):
         module_order(["a"], {"a": ["b"], "b": ["a"]})
 
 
@@ -154,7 +154,7 @@ def test_a_stale_initramfs_is_not_loaded(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({
         "kernel_version": "6.1.0-57-amd64", "kernel": "vmlinux", "initramfs": "initramfs-0000.cpio",
         "modules": ["9p"], "wanted": list(vm_image.WANTED_MODULES)}))
-    with pytest.raises(ImageError, match="stale"):
+    with pytest.raises(ImageNotBuilt, match="stale"):
         vm_image.load_image(tmp_path, busybox_data=b"bb")
     good = vm_image.initramfs_name(b"bb", [("9p", b"P")])
     (tmp_path / "initramfs-0000.cpio").rename(tmp_path / good)
@@ -165,7 +165,7 @@ def test_a_stale_initramfs_is_not_loaded(tmp_path):
     # an image built for another module list is stale too, even with a matching initramfs name
     doc = json.loads((tmp_path / "manifest.json").read_text())
     (tmp_path / "manifest.json").write_text(json.dumps({**doc, "wanted": ["9p"]}))
-    with pytest.raises(ImageError, match="stale"):
+    with pytest.raises(ImageNotBuilt, match="stale"):
         vm_image.load_image(tmp_path, busybox_data=b"bb")
 
 
@@ -185,7 +185,7 @@ def test_a_workdir_the_guest_could_not_share_is_refused(bad, tmp_path):
         bad_path = tmp_path / "has space"
         bad_path.mkdir()
         bad = str(bad_path)
-    with pytest.raises(VmError):
+    with pytest.raises(VmUnusable):
         check_workdir(Path(bad))
 
 
@@ -278,7 +278,7 @@ def test_kvm_is_chosen_only_when_a_trial_boot_reaches_the_guest(tmp_path, fake_i
     argv, timeout = trial.calls[0]
     assert argv[argv.index("-accel") + 1] == "kvm" and timeout <= vm.KVM_TRIAL_TIMEOUT
     assert vm.select_accel(fake_image, env={"SANDBOX_CONFORMANCE_VM_ACCEL": "tcg"}) is Accel.tcg
-    with pytest.raises(VmError):
+    with pytest.raises(VmUnusable):
         vm.select_accel(fake_image, env={"SANDBOX_CONFORMANCE_VM_ACCEL": "xen"})
 
 
@@ -292,7 +292,7 @@ def _image_or_skip() -> VmImage:
         pytest.skip(f"{vm.QEMU} not installed: run scripts/vm-deps")
     try:
         return vm_image.ensure_image()
-    except ImageError as e:
+    except ImageNotBuilt as e:
         pytest.skip(f"no VM image: {e}")
 
 

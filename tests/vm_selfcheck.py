@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sandbox_conformance.conformance.cgroup_leaf import CgroupError, LeafLimits, task_leaf, unique_name
-from sandbox_conformance.runners.cgroup_setup import Setup, SetupError, SetupMode
+from sandbox_conformance.conformance.cgroup_leaf import CgroupUnusable, LeafLimits, task_leaf, unique_name
+from sandbox_conformance.runners.cgroup_setup import NoCgroupRoot, Setup, SetupMode
 
 PY = "/usr/bin/python3"
 MB = 1 << 20
@@ -176,7 +176,7 @@ def bwrap(root: Path, user: str) -> dict[str, object]:
 def part(name: str, fn, *args) -> dict[str, object]:  # type: ignore[no-untyped-def]
     try:
         return fn(*args)
-    except (CgroupError, SetupError, OSError, subprocess.SubprocessError) as e:
+    except (CgroupUnusable, NoCgroupRoot, OSError, subprocess.SubprocessError) as e:
         detail = errno.errorcode.get(getattr(e, "errno", None) or 0, "")
         return {"error": f"{name}: {type(e).__name__}: {e}" + (f" ({detail})" if detail else "")}
 
@@ -191,7 +191,7 @@ def main() -> int:
         setup = Setup(SetupMode.vm).run()
         report["setup"] = {"root": str(setup.root), "moved": len(setup.moved), "remounted": setup.remounted}
         root = setup.root
-    except SetupError as e:
+    except NoCgroupRoot as e:
         report["setup"] = {"error": str(e)}
         print(json.dumps(report))
         return 1

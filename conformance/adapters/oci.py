@@ -58,7 +58,7 @@ WORKSPACE_PREFIX = "sbxc-oci-"  # the temp dir holding the bundle and the runtim
 RUN_TIMEOUT = _guarded.RUN_TIMEOUT
 
 
-class BundleError(Exception):
+class BundleNotBuilt(Exception):
     """The bundle cannot be built for this task (bad spec): the launcher exits 2 with this line."""
 
 
@@ -370,7 +370,7 @@ def rootless(config: dict[str, Any], uid: int, gid: int) -> dict[str, Any]:
 def values_from_spec(spec: Mapping[str, Any]) -> dict[str, str]:
     missing = [k for k in PLACEHOLDERS if not isinstance(spec.get(k), str)]
     if missing:
-        raise BundleError(f"task spec lacks {', '.join(missing)}")
+        raise BundleNotBuilt(f"task spec lacks {', '.join(missing)}")
     return {k: spec[k] for k in PLACEHOLDERS}
 
 
@@ -550,7 +550,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # still masks {state}/db, but the state tree is not in the rootfs, so the path is missing.
         config = template(bind_state=not a.mask_missing)
         return launch(a.runtime, args, spec, config)
-    except (OSError, ValueError, BundleError) as e:
+    except (OSError, ValueError, BundleNotBuilt) as e:
         print(f"oci adapter: {e}", file=sys.stderr)
         return 2
 

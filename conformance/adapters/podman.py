@@ -245,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return launch(args, json.loads(Path(spec_file).read_text()))
-    except (OSError, ValueError, oci.BundleError) as e:
+    except (OSError, ValueError, oci.BundleNotBuilt) as e:
         print(f"podman adapter: {e}", file=sys.stderr)
         return 2
 

@@ -89,14 +89,14 @@ HOLDER = "import sys; sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdi
 BWRAP_EXIT_TIMEOUT = 20.0
 
 
-class SandboxSetupError(Exception):
+class SandboxNotSetUp(Exception):
     """The perturbed sandbox could not be set up: the witness run reports a harness error."""
 
 
 def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     argv = list(argv)
     if "--" not in argv:
-        raise SandboxSetupError("expected `-- CMD...` after the options")
+        raise SandboxNotSetUp("expected `-- CMD...` after the options")
     cut = argv.index("--")
     p = argparse.ArgumentParser(prog="sandbox_conformance.conformance.control_launchers.reference")
     p.add_argument("--disable-userns", action="store_true")
@@ -130,7 +130,7 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         _LAYOUT.update(_layout_here(args.task, args.user))
     cmd = argv[cut + 1 :]
     if not cmd:
-        raise SandboxSetupError("no command after --")
+        raise SandboxNotSetUp("no command after --")
     return args, cmd
 
 
@@ -149,7 +149,7 @@ def _layout_here(task_id: str, user: str | None = None) -> dict[str, str]:
     others = [d.name for d in tasks.iterdir() if d.name != task_id] if tasks.is_dir() else []
     other_users = [d.name for d in users.iterdir() if d.name != user] if users.is_dir() else []
     if not (tasks / task_id).is_dir() or len(others) != 1 or len(other_users) != 1:
-        raise SandboxSetupError(f"{root}: not a witness layout for task {task_id} of {user}")
+        raise SandboxNotSetUp(f"{root}: not a witness layout for task {task_id} of {user}")
     lay = Layout(root, "", task_id, others[0], user, os.getuid(), os.getgid(), other_users[0])
     return lay.values()
 
@@ -166,7 +166,7 @@ def _spec() -> dict[str, object]:
         return {**values, "task": {"workdir": values.get("workdir")}, "environment_set": env_set}
     name = os.environ.get(SPEC_ENV)
     if not name:
-        raise SandboxSetupError(
+        raise SandboxNotSetUp(
             f"no --task and ${SPEC_ENV} is not set: run me as the witness suite's --launcher"
         )
     return dict(json.loads(Path(name).read_text()))
@@ -180,7 +180,7 @@ def reference_body(spec: Mapping[str, object], *, disable_userns: bool) -> tuple
     values = {k: str(spec[k]) for k in profile.PLACEHOLDERS if k in spec}
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        raise SandboxSetupError("no bwrap on PATH")
+        raise SandboxNotSetUp("no bwrap on PATH")
     python = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
     facts = bwrap_argv.Facts(
         bwrap=bwrap, python=python, disable_userns=disable_userns, system_links=system_links()
@@ -188,7 +188,7 @@ def reference_body(spec: Mapping[str, object], *, disable_userns: bool) -> tuple
     argv = bwrap_argv.reference_argv(profile.load(None), values, facts)
     tail = (python, "-I", "-S", "-")
     if argv[-len(tail) :] != tail:
-        raise SandboxSetupError(f"the reference argv no longer ends with {' '.join(tail)}: {argv[-4:]}")
+        raise SandboxNotSetUp(f"the reference argv no longer ends with {' '.join(tail)}: {argv[-4:]}")
     return argv[: -len(tail)]
 
 
@@ -203,13 +203,13 @@ _libc = ctypes.CDLL(None, use_errno=True)
 def _setns(fd: int, nstype: int, what: str) -> None:
     if _libc.setns(fd, nstype) != 0:
         err = ctypes.get_errno()
-        raise SandboxSetupError(f"setns({what}): {os.strerror(err)}")
+        raise SandboxNotSetUp(f"setns({what}): {os.strerror(err)}")
 
 
 def _libc_prctl(option: int, arg: int, arg2: int = 0) -> None:
     if _libc.prctl(option, arg, arg2, 0, 0) != 0:
         err = ctypes.get_errno()
-        raise SandboxSetupError(f"prctl({option}, {arg}): {os.strerror(err)}")
+        raise SandboxNotSetUp(f"prctl({option}, {arg}): {os.strerror(err)}")
 
 
 def _ident(st: os.stat_result) -> tuple[int, int]:
@@ -223,7 +223,7 @@ def _holder_pid(bwrap_pid: int, holder_argv: Sequence[str]) -> int:
         with contextlib.suppress(psutil.Error):
             if tuple(child.cmdline()) == tuple(holder_argv):
                 return child.pid
-    raise SandboxSetupError(f"no holder process {' '.join(holder_argv)} under bwrap (pid {bwrap_pid})")
+    raise SandboxNotSetUp(f"no holder process {' '.join(holder_argv)} under bwrap (pid {bwrap_pid})")
 
 
 def _enter(holder: int) -> None:
@@ -294,7 +294,7 @@ def join(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object]) ->
     try:
         line = holder_out.readline()  # bwrap's --die-with-parent and our group kill bound this
         if line.strip() != "ready":
-            raise SandboxSetupError(
+            raise SandboxNotSetUp(
                 f"the reference sandbox's holder did not start (bwrap exit {bwrap.poll()})")
         holder = _holder_pid(bwrap.pid, holder_argv)
         sys.stdout.flush()
@@ -309,7 +309,7 @@ def join(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object]) ->
                     _drop_capabilities(prctl)
                     os.execvpe(cmd[0], list(cmd), _task_env(spec))
                 code = os.waitstatus_to_exitcode(os.waitpid(task, 0)[1])
-            except (SandboxSetupError, OSError) as e:
+            except (SandboxNotSetUp, OSError) as e:
                 print(f"control launcher --join: {e}", file=sys.stderr)
             finally:
                 os._exit(code if code >= 0 else 128 - code)
@@ -498,7 +498,7 @@ def _decoy(spec: Mapping[str, object], body: list[str], python: str) -> list[str
 def _late_seccomp() -> None:
     program = sys.stdin.read()
     if READY_LINE not in program:
-        raise SandboxSetupError("the witness program has no handshake line to put the filter before")
+        raise SandboxNotSetUp("the witness program has no handshake line to put the filter before")
     _feed(program.replace(READY_LINE, LATE_SECCOMP + READY_LINE, 1))
 
 
@@ -733,7 +733,7 @@ def offer_proxy(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, obje
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        raise SandboxSetupError(f"the sandbox with a proxy ran past {BWRAP_EXIT_TIMEOUT:g}s") from None
+        raise SandboxNotSetUp(f"the sandbox with a proxy ran past {BWRAP_EXIT_TIMEOUT:g}s") from None
     finally:
         server.close()
 
@@ -823,7 +823,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.offer_proxy:
             return offer_proxy(body, cmd, spec)
         os.execv(body[0], [*body, *cmd])
-    except SandboxSetupError as e:
+    except SandboxNotSetUp as e:
         print(f"control launcher: {e}", file=sys.stderr)
     return EX_SOFTWARE
 

@@ -126,7 +126,7 @@ fail "switch_root"
 """
 
 
-class ImageError(Exception):
+class ImageNotBuilt(Exception):
     """The boot image could not be built: one line naming the step that failed."""
 
 
@@ -162,11 +162,11 @@ def parse_meta_depends(apt_cache_depends: str) -> str | None:
 def kernel_version_of(package: str) -> str:
     """linux-image-6.1.0-57-amd64 -> 6.1.0-57-amd64 (the /lib/modules directory name)."""
     if not package.startswith("linux-image-"):
-        raise ImageError(f"not a kernel image package: {package}")
+        raise ImageNotBuilt(f"not a kernel image package: {package}")
     version = package.removeprefix("linux-image-")
     if "cloud" in version:
         # Debian's cloud flavour is built without CONFIG_NET_9P: the guest could not reach the host's /.
-        raise ImageError(f"{package}: the cloud kernel has no 9p; use the generic -amd64 flavour")
+        raise ImageNotBuilt(f"{package}: the cloud kernel has no 9p; use the generic -amd64 flavour")
     return version
 
 
@@ -186,9 +186,9 @@ def module_order(wanted: Iterable[str], depends: Mapping[str, Sequence[str]]) ->
         if name in order:
             return
         if name not in depends:
-            raise ImageError(f"module {name} not found in the kernel package")
+            raise ImageNotBuilt(f"module {name} not found in the kernel package")
         if name in visiting:
-            raise ImageError(f"module dependency cycle through {name}")
+            raise ImageNotBuilt(f"module dependency cycle through {name}")
         visiting.add(name)
         for dep in depends[name]:
             visit(dep)
@@ -204,7 +204,7 @@ def elf_has_interpreter(elf: bytes) -> bool:
     """True for a dynamically linked ELF64 (a PT_INTERP program header): such a busybox would find no
     libc in the initramfs and the kernel would panic with "No working init found"."""
     if not elf.startswith(b"\x7fELF\x02\x01"):
-        raise ImageError("busybox is not a little-endian ELF64 binary")
+        raise ImageNotBuilt("busybox is not a little-endian ELF64 binary")
     phoff, = struct.unpack_from("<Q", elf, 0x20)
     phentsize, phnum = struct.unpack_from("<HH", elf, 0x36)
     return any(struct.unpack_from("<I", elf, phoff + i * phentsize)[0] == 3  # PT_INTERP (elf.h)
@@ -279,7 +279,7 @@ def initramfs_entries(busybox: bytes, modules: Sequence[tuple[str, bytes]]) -> l
 def _check(done, step: str) -> None:  # type: ignore[no-untyped-def]
     if not done.ok:
         why = "timed out" if done.timed_out else (done.stderr_tail() or f"exit {done.returncode}")
-        raise ImageError(f"{step}: {why}")
+        raise ImageNotBuilt(f"{step}: {why}")
 
 
 def resolve_kernel_package(runner: Runner = run) -> str:
@@ -287,7 +287,8 @@ def resolve_kernel_package(runner: Runner = run) -> str:
     _check(done, f"apt-cache depends {META_PACKAGE}")
     package = parse_meta_depends(done.stdout)
     if package is None:
-        raise ImageError(f"apt-cache depends {META_PACKAGE}: no linux-image dependency (run apt-get update?)")
+        raise ImageNotBuilt(f"apt-cache depends {META_PACKAGE}: no linux-image dependency "
+                            "(run apt-get update?)")
     return package
 
 
@@ -295,10 +296,10 @@ def build_image(directory: Path, package: str, *, runner: Runner = run, busybox:
     """Download and unpack `package`, write vmlinux + initramfs into `directory` (made atomically)."""
     version = kernel_version_of(package)
     if not busybox.exists():
-        raise ImageError(f"{busybox} missing: apt-get install busybox-static (scripts/vm-deps)")
+        raise ImageNotBuilt(f"{busybox} missing: apt-get install busybox-static (scripts/vm-deps)")
     busybox_data = busybox.read_bytes()
     if elf_has_interpreter(busybox_data):
-        raise ImageError(f"{busybox} is dynamically linked: the initramfs needs busybox-static")
+        raise ImageNotBuilt(f"{busybox} is dynamically linked: the initramfs needs busybox-static")
     directory.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".build-", dir=directory.parent) as tmp:
         t = Path(tmp)
@@ -308,16 +309,16 @@ def build_image(directory: Path, package: str, *, runner: Runner = run, busybox:
         _check(done, f"apt-get download {package}")
         debs = sorted(t.glob("*.deb"))
         if not debs:
-            raise ImageError(f"apt-get download {package}: no .deb appeared")
+            raise ImageNotBuilt(f"apt-get download {package}: no .deb appeared")
         done = runner(["dpkg-deb", "-x", str(debs[0]), str(t / "x")], timeout=300)
         _check(done, "dpkg-deb -x")
         bzimage = t / "x" / "boot" / f"vmlinuz-{version}"
         moddir = t / "x" / "lib" / "modules" / version / "kernel"
         if not bzimage.exists() or not moddir.is_dir():
-            raise ImageError(f"{debs[0].name}: no boot/vmlinuz-{version} or lib/modules/{version}")
+            raise ImageNotBuilt(f"{debs[0].name}: no boot/vmlinuz-{version} or lib/modules/{version}")
         files = {p.name.split(".ko")[0]: p for p in moddir.rglob("*.ko*")}
         if any(p.suffix in (".xz", ".zst", ".gz") for p in files.values()):
-            raise ImageError(f"{package}: compressed modules; busybox insmod needs plain .ko")
+            raise ImageNotBuilt(f"{package}: compressed modules; busybox insmod needs plain .ko")
         depends: dict[str, list[str]] = {}
         for name, p in files.items():
             deps = modinfo_field(p.read_bytes(), "depends") or ""
@@ -354,23 +355,23 @@ def initramfs_name(busybox_data: bytes, modules: Sequence[tuple[str, bytes]]) ->
 
 
 def load_image(directory: Path, *, busybox_data: bytes | None = None) -> VmImage:
-    """A previously built image, or ImageError when missing or stale (INIT_SCRIPT changed)."""
+    """A previously built image, or ImageNotBuilt when missing or stale (INIT_SCRIPT changed)."""
     try:
         manifest = json.loads((directory / "manifest.json").read_text())
     except FileNotFoundError:
-        raise ImageError(f"no VM image in {directory}") from None
+        raise ImageNotBuilt(f"no VM image in {directory}") from None
     if manifest.get("wanted") != list(WANTED_MODULES):
-        raise ImageError(f"stale VM image in {directory} (built for modules {manifest.get('wanted')})")
+        raise ImageNotBuilt(f"stale VM image in {directory} (built for modules {manifest.get('wanted')})")
     kernel = directory / manifest["kernel"]
     initramfs = directory / manifest["initramfs"]
     if not kernel.exists() or not initramfs.exists():
-        raise ImageError(f"incomplete VM image in {directory}")
+        raise ImageNotBuilt(f"incomplete VM image in {directory}")
     if busybox_data is not None or BUSYBOX.exists():
         data = busybox_data if busybox_data is not None else BUSYBOX.read_bytes()
         modules = [(n, (directory / "modules" / f"{n}.ko").read_bytes())
                    for n in manifest["modules"] if (directory / "modules" / f"{n}.ko").exists()]
         if modules and initramfs_name(data, modules) != initramfs.name:
-            raise ImageError(f"stale VM image in {directory}")
+            raise ImageNotBuilt(f"stale VM image in {directory}")
     return VmImage(manifest["kernel_version"], kernel, initramfs, directory)
 
 
@@ -382,7 +383,7 @@ def ensure_image(cache_root: Path | None = None, *, package: str | None = None,
     directory = root / kernel_version_of(package)
     try:
         return load_image(directory)
-    except ImageError:
+    except ImageNotBuilt:
         pass
     root.mkdir(parents=True, exist_ok=True)
     # Two runs building at once (CI's set-up step and a test session) would replace each other's
@@ -391,7 +392,7 @@ def ensure_image(cache_root: Path | None = None, *, package: str | None = None,
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             return load_image(directory)
-        except ImageError:
+        except ImageNotBuilt:
             pass
         refreshed = refresh_initramfs(directory)
         return refreshed or build_image(directory, package, runner=runner)
@@ -437,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         image = ensure_image(args.cache, package=args.package)
-    except ImageError as e:
+    except ImageNotBuilt as e:
         print(f"sandbox-conformance: VM image: {e}", file=sys.stderr)
         return 75
     print(f"{image.kernel_version} {image.kernel} {image.initramfs}")

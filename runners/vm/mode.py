@@ -111,13 +111,13 @@ def cached_image() -> vm_image.VmImage | None:
     try:
         version = vm_image.kernel_version_of(vm_image.resolve_kernel_package())
         return vm_image.load_image(vm_image.default_cache_root() / version)
-    except vm_image.ImageError:
+    except vm_image.ImageNotBuilt:
         return None
 
 
 def prepare_image(progress: Progress) -> vm_image.VmImage:
     """The cached image, or one built now in a progress stage: a kernel download, its unpacking and
-    an initramfs, a minute or more with nothing else on the screen. ImageError when it cannot be had."""
+    an initramfs, a minute or more with nothing else on the screen. ImageNotBuilt when it cannot be had."""
     image = cached_image()
     if image is not None:
         return image
@@ -136,7 +136,7 @@ def run_vm(options: WitnessOptions, *, timeout: float, say: Callable[[str], None
     progress = progress or Progress.off()
     try:
         image = prepare_image(progress)
-    except vm_image.ImageError as e:
+    except vm_image.ImageNotBuilt as e:
         say(f"refused: VM image: {e} (scripts/vm-deps builds it)")
         return EXIT_UNAVAILABLE
     leg_specs = legs(options)
@@ -159,7 +159,7 @@ def run_vm(options: WitnessOptions, *, timeout: float, say: Callable[[str], None
             result = vm.run_in_vm(argv, workdir=workdir, timeout=timeout * runs, cwd=str(REPO),
                                   env=guest_env(environ), image=image, accel=accel,
                                   live=(sys.stdout, sys.stderr), progress=progress)
-        except vm.VmError as e:
+        except vm.VmUnusable as e:
             say(f"refused: {e}")
             return EXIT_UNAVAILABLE
         for spec in leg_specs:

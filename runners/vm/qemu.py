@@ -75,7 +75,7 @@ class Accel(enum.StrEnum):
     tcg = "tcg"  # qemu's software emulation: slow, but needs nothing from the host's hypervisor
 
 
-class VmError(Exception):
+class VmUnusable(Exception):
     """The VM could not be used at all (no qemu, no image, bad workdir): one line."""
 
 
@@ -157,11 +157,11 @@ def check_workdir(workdir: Path) -> Path:
     workdir = Path(os.path.realpath(workdir))
     text = str(workdir)
     if not _SAFE_PATH.fullmatch(text) or text == "/":
-        raise VmError(f"workdir {text!r}: must be a directory path of letters, digits and ._/+- only")
+        raise VmUnusable(f"workdir {text!r}: must be a directory path of letters, digits and ._/+- only")
     if any(text == h or text.startswith(h + "/") for h in _HIDDEN):
-        raise VmError(f"workdir {text}: under {', '.join(_HIDDEN)}, which the guest mounts over")
+        raise VmUnusable(f"workdir {text}: under {', '.join(_HIDDEN)}, which the guest mounts over")
     if not workdir.is_dir():
-        raise VmError(f"workdir {text}: not a directory")
+        raise VmUnusable(f"workdir {text}: not a directory")
     return workdir
 
 
@@ -238,9 +238,9 @@ def run_in_vm(argv: Sequence[str], *, workdir: Path, timeout: float, env: Mappin
     just before it starts the command) and each stage the command announces in its progress file
     (runners/vm/suite.py Events: the set-up, each leg, the controls)."""
     if not argv:
-        raise VmError("empty argv")
+        raise VmUnusable("empty argv")
     if shutil.which(QEMU) is None:
-        raise VmError(f"{QEMU} not found: apt-get install qemu-system-x86 (scripts/vm-deps)")
+        raise VmUnusable(f"{QEMU} not found: apt-get install qemu-system-x86 (scripts/vm-deps)")
     workdir = check_workdir(workdir)
     image = image or vm_image.ensure_image()
     accel = accel or select_accel(image, runner=runner)
@@ -519,7 +519,7 @@ def select_accel(image: VmImage, *, runner: Runner = run, env: Mapping[str, str]
         try:
             return Accel(forced)
         except ValueError:
-            raise VmError(f"SANDBOX_CONFORMANCE_VM_ACCEL={forced!r}: use kvm or tcg") from None
+            raise VmUnusable(f"SANDBOX_CONFORMANCE_VM_ACCEL={forced!r}: use kvm or tcg") from None
     key = f"{image.kernel}:{image.initramfs}"
     if key in _accel_cache:
         return _accel_cache[key]

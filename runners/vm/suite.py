@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 
 from sandbox_conformance.kernel.cgroupfs import PROMISE_ENV
 from sandbox_conformance.processes.run import run
-from sandbox_conformance.runners.cgroup_setup import Setup, SetupError, SetupMode
+from sandbox_conformance.runners.cgroup_setup import NoCgroupRoot, Setup, SetupMode
 from sandbox_conformance.runners.progress import result_word
 from sandbox_conformance.runners.vm.stage2 import PROGRESS_ENV
 
@@ -123,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         events.end("vm cgroup set-up", f"root {result.root}")
         print(f"sandbox-conformance vm: cgroup root {result.root} (moved {len(result.moved)} processes "
               f"into supervisor/)", file=sys.stderr, flush=True)
-    except SetupError as e:
+    except NoCgroupRoot as e:
         # The rest of the suite still runs; the cgroup witnesses skip with the probe's reason (and
         # fail under the require switch).
         summary["cgroup_error"] = str(e)
