@@ -119,7 +119,7 @@ def witness_runner(
         # --verbose: pytest's report stays in the captured stderr (read when a run goes wrong), and
         # these runs, red by design, leave no log in the state directory (conformance/output.py).
         argv = [sys.executable, "-m", "sandbox_conformance", "witness", "--verbose", "--junitxml", str(junit)]
-        argv += ["--timeout", str(min(launch_timeout, timeout))]
+        argv += ["--launch-timeout", str(min(launch_timeout, timeout))]
         if as_user:
             argv += ["--as-user", as_user]
         argv += list(extra)

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sandbox_conformance import conformance
-from sandbox_conformance.conformance import guard, handover, output, promises, remedies
+from sandbox_conformance.conformance import guard, handover, options, output, remedies
 from sandbox_conformance.conformance import settings as settings_mod
 from sandbox_conformance.conformance.launch import LauncherKind
-from sandbox_conformance.conformance.profile import PLACEHOLDERS
 from sandbox_conformance.conformance.render import Row, family_of
 from sandbox_conformance.conformance.settings import Settings
 
@@ -62,80 +61,7 @@ UNNEEDED_PLUGINS = ("cacheprovider", "unraisableexception", "threadexception", "
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--profile", metavar="FILE", help="sandbox profile TOML (default: the embedded reference profile)"
-    )
-    p.add_argument(
-        "--launcher",
-        metavar="PREFIX",
-        help="test YOUR sandbox: run `PREFIX python3 WORKDIR/NAME.py`, the way a platform hands it a task ("
-        + " ".join("{" + p + "}" for p in PLACEHOLDERS)
-        + " expanded), or entry-point:NAME from group sandbox_conformance.launchers; default: the "
-        "reference bwrap",
-    )
-    p.add_argument(
-        "--launcher-spec",
-        action="store_true",
-        help="give the launcher the task spec (JSON, named by $SANDBOX_CONFORMANCE_TASK_SPEC): for a "
-        "launcher that builds its sandbox from it",
-    )
-    p.add_argument(
-        "--launcher-stdin",
-        action="store_true",
-        help="run `PREFIX python3 -I -S -` with the witness program on stdin instead of as a script",
-    )
-    p.add_argument(
-        "--launcher-env",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="set NAME in the launcher's environment, which is otherwise minimal (PATH, LANG, LC_ALL, "
-        "TERM, TZ, the task spec's path); repeatable",
-    )
-    p.add_argument(
-        "--layout-root",
-        metavar="DIR",
-        help="make each task's layout (its state tree and task spec) under DIR instead of $TMPDIR or "
-        "/tmp: for a sandbox that gives its tasks a private /tmp",
-    )
-    p.add_argument(
-        "--adapter",
-        metavar="NAME",
-        help="test a sandbox this project did not write: unshare, runc, crun, runsc, systemd-run, docker, "
-        "podman, firejail, nspawn, srt or codex "
-        "(sets --profile and --launcher; `sandbox-conformance adapters` lists them); a BROKEN promise's "
-        "remedy then names that tool's flags",
-    )
-    p.add_argument("--only", action="append", default=[], metavar="IDS", help=promises.ONLY_HELP)
-    p.add_argument("--skip", action="append", default=[], metavar="IDS", help=promises.SKIP_HELP)
-    p.add_argument("--as-user", metavar="NAME", help="(root only) launch tasks as this unprivileged user")
-    p.add_argument("--junitxml", metavar="FILE", help="write JUnit XML here")
-    p.add_argument(
-        "--json", metavar="FILE", help="write the JSON report here ('-' for stdout instead of lines)"
-    )
-    output.add_arguments(p)
-    p.add_argument(
-        "--require", action="store_true", help="every skip is a failure (also SANDBOX_CONFORMANCE_REQUIRE=1)"
-    )
-    p.add_argument(
-        "--expected-skips",
-        metavar="FILE",
-        help="`test id | reason` lines: fail unless the skipped witnesses are exactly these",
-    )
-    p.add_argument(
-        "--timeout", type=float, default=30.0, metavar="SECONDS", help="per task launch (default 30)"
-    )
-    p.add_argument(
-        "--host-cannot-observe",
-        metavar="WHY",
-        help="the launcher runs tasks where this host's kernel cannot see them (a remote engine, a VM-based "
-        "sandbox): promises about kernel state are then `not tested: WHY` (a failure under --require), "
-        "never judged on the task's own /proc",
-    )
-    p.add_argument("--perturb", action="append", default=[], help=argparse.SUPPRESS)
-    # For our own control launchers (the reference sandbox with one thing changed): their tasks get the
-    # harness's cgroup leaf, as the reference launcher's do. Hidden: a user's launcher keeps its own.
-    p.add_argument("--harness-leaf", action="store_true", help=argparse.SUPPRESS)
+    options.add_arguments(p, options.WITNESS)  # conformance/options.py: each option declared once
     # `run` starts this process before it probes and says on this pipe whether to go (runners/native.py
     # Standby). Hidden: it is `run`'s, not a person's.
     p.add_argument(handover.STANDBY_FLAG, type=int, metavar="FD", dest="standby_fd", help=argparse.SUPPRESS)
@@ -311,7 +237,7 @@ def _validate(args: argparse.Namespace) -> Settings:
             profile=profile,
             launcher=launcher,
             as_user=args.as_user,
-            timeout=args.timeout,
+            timeout=args.launch_timeout,
             perturb=[*args.perturb, *(p for p in os.environ.get(PERTURB_ENV, "").split(",") if p)],
             require=args.require,
             expected_skips=args.expected_skips,
@@ -477,7 +403,7 @@ def _pytest_argv(args: argparse.Namespace, junit: Path | None = None) -> list[st
         "-o",
         "python_files=test_witnesses.py",
         "-o",
-        f"timeout={int(args.timeout) + 60}",
+        f"timeout={int(args.launch_timeout) + 60}",
         # Plain asserts: every witness's assert carries its own message, naming what the task saw
         # (tests/test_records.py checks), and that first line is the verdict's detail either way;
         # rewriting added a hook to every import and a wrapper to every test: ~15 ms of a witness

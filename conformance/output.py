@@ -45,14 +45,6 @@ LOG_HELP = (
 )
 
 
-def add_arguments(p: Any) -> None:
-    """--format, -v/--verbose and --log: the same three on `witness` and on `run`
-    (runners/witness_args.py forwards them), one help text each."""
-    p.add_argument("--format", choices=[f.value for f in Format], default=None, help=FORMAT_HELP)
-    p.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
-    p.add_argument("--log", metavar="FILE", help=LOG_HELP)
-
-
 def check_arguments(args: Any) -> None:
     """Usage errors of the three options, said before any work starts."""
     if args.verbose and args.log:

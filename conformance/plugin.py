@@ -6,7 +6,7 @@ Options (each mirrored by an ini key where it makes sense to pin it in a project
   --sbxc-launcher PREFIX   external launcher prefix, or entry-point:NAME (default: reference bwrap)
                                                                                      ini: sbxc_launcher
   --sbxc-as-user NAME      (root) launch tasks as this unprivileged user
-  --sbxc-timeout SECONDS   per launch                                                ini: sbxc_timeout
+  --sbxc-launch-timeout S  per launch (--sbxc-timeout still works)     ini: sbxc_launch_timeout
   --sbxc-require           every witness skip is a failure (also SANDBOX_CONFORMANCE_REQUIRE=1)
   --sbxc-expected-skips F  `test id | reason` lines: the run fails unless exactly these witnesses skip
   --sbxc-launcher-env N=V  set N in the launcher's minimal environment (repeatable)
@@ -28,7 +28,6 @@ and any other suite in the session are left alone."""
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,14 +35,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from _pytest._code.code import ExceptionRepr  # the failure report pytest's junitxml reads (7.2 to 9.x)
 
+from sandbox_conformance.conformance import options, promises, remedies
 from sandbox_conformance.conformance import profile as profile_mod
-from sandbox_conformance.conformance import promises, remedies
 from sandbox_conformance.conformance import settings as settings_mod
 from sandbox_conformance.conformance.harness import WitnessSession
 from sandbox_conformance.conformance.launch import Launcher, NoObservation, SandboxUnavailable, external
+from sandbox_conformance.conformance.options import REQUIRE_ENV
 from sandbox_conformance.conformance.plan import Task
-from sandbox_conformance.conformance.profile import PLACEHOLDERS
-from sandbox_conformance.conformance.settings import REQUIRE_ENV, Settings, read_expected_skips, skip_key
+from sandbox_conformance.conformance.settings import Settings, read_expected_skips, skip_key
 from sandbox_conformance.probes.finding import Finding
 
 if TYPE_CHECKING:
@@ -51,15 +50,6 @@ if TYPE_CHECKING:
 
 __all__ = ["REQUIRE_ENV", "Settings", "read_expected_skips", "settings", "skip_key"]
 MARKER = "witness"
-
-_HELP = {
-    "sbxc_profile": "sandbox profile TOML (default: the embedded reference profile)",
-    "sbxc_launcher": "external launcher prefix ("
-    + " ".join("{" + p + "}" for p in PLACEHOLDERS)
-    + " expanded), or entry-point:NAME; default: the reference bwrap launcher",
-    "sbxc_timeout": "seconds one task launch may take (default 30)",
-}
-
 
 _settings_key = pytest.StashKey[Settings]()
 _guard_key = pytest.StashKey[dict[str, Finding]]()
@@ -71,68 +61,7 @@ _unselected_key = pytest.StashKey[frozenset[str]]()  # skip keys of witnesses --
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("sandbox-conformance", "sandbox-conformance witness suite")
-    for name in ("sbxc_profile", "sbxc_launcher", "sbxc_timeout"):
-        group.addoption("--" + name.replace("_", "-"), dest=name, default=None, help=_HELP[name])
-        parser.addini(name, _HELP[name], default=None)
-    group.addoption(
-        "--sbxc-as-user",
-        dest="sbxc_as_user",
-        default=None,
-        metavar="NAME",
-        help="(root only) launch tasks as this unprivileged user through setpriv",
-    )
-    group.addoption(
-        "--sbxc-require",
-        dest="sbxc_require",
-        action="store_true",
-        default=False,
-        help=f"turn every witness skip into a failure (also {REQUIRE_ENV}=1)",
-    )
-    group.addoption(
-        "--sbxc-expected-skips",
-        dest="sbxc_expected_skips",
-        default=None,
-        metavar="FILE",
-        help="`test id | reason` lines; the run fails unless the skipped witnesses equal the list",
-    )
-    group.addoption(
-        "--sbxc-host-cannot-observe",
-        dest="sbxc_host_cannot_observe",
-        default=None,
-        metavar="WHY",
-        help="the launcher's tasks run where this host's kernel cannot see them: kernel-state promises "
-        "are not tested, with WHY",
-    )
-    group.addoption(
-        "--sbxc-harness-leaf",
-        dest="sbxc_harness_leaf",
-        action="store_true",
-        default=False,
-        help=argparse.SUPPRESS,
-    )
-    group.addoption(
-        "--sbxc-launcher-env",
-        dest="sbxc_launcher_env",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="set NAME in the launcher's (otherwise minimal) environment; repeatable",
-    )
-    group.addoption(
-        "--sbxc-layout-root",
-        dest="sbxc_layout_root",
-        default=None,
-        metavar="DIR",
-        help="make each task's layout under DIR (default: $TMPDIR or /tmp)",
-    )
-    group.addoption("--sbxc-only", dest="sbxc_only", action="append", default=[], metavar="IDS",
-                    help=promises.ONLY_HELP)
-    group.addoption("--sbxc-skip", dest="sbxc_skip", action="append", default=[], metavar="IDS",
-                    help=promises.SKIP_HELP)
-    # For the negative controls (issue 6): flip ONE thing in the reference sandbox. Hidden.
-    group.addoption(
-        "--sbxc-perturb", dest="sbxc_perturb", action="append", default=[], help=argparse.SUPPRESS
-    )
+    options.add_pytest_options(group, parser)  # conformance/options.py: each option declared once
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -197,7 +126,7 @@ def settings(config: pytest.Config) -> Settings:
             profile=_option(config, "sbxc_profile"),
             launcher=_option(config, "sbxc_launcher") or None,
             as_user=config.getoption("sbxc_as_user"),
-            timeout=_option(config, "sbxc_timeout"),
+            timeout=_option(config, "sbxc_launch_timeout") or config.getini("sbxc_timeout"),
             perturb=config.getoption("sbxc_perturb") or (),
             require=bool(config.getoption("sbxc_require")),
             expected_skips=config.getoption("sbxc_expected_skips"),

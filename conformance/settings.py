@@ -21,13 +21,13 @@ from sandbox_conformance.conformance import profile as profile_mod
 from sandbox_conformance.conformance import promises as promises_mod
 from sandbox_conformance.conformance.handover import handed_down
 from sandbox_conformance.conformance.launch import REFERENCE, Launcher, LauncherKind, external
+from sandbox_conformance.conformance.options import REQUIRE_ENV
 from sandbox_conformance.kernel.cgroupfs import statfs_magic
 from sandbox_conformance.probes.finding import EMPTY, Finding
 from sandbox_conformance.processes import inputs
 from sandbox_conformance.processes.exits import MAX_SECONDS, seconds_ok
 from sandbox_conformance.processes.run import DEFAULT_PATH
 
-REQUIRE_ENV = "SANDBOX_CONFORMANCE_REQUIRE"
 # A name a launcher's environment may carry: what a shell accepts as a variable name.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -198,7 +198,8 @@ def build(
     environ = os.environ if environ is None else environ
     # An empty value is a mistake (an unset variable in CI), never "the default" (issue 28).
     for flag, value in (("--profile", profile), ("--expected-skips", expected_skips),
-                        ("--layout-root", layout_root), ("--as-user", as_user), ("--timeout", timeout)):
+                        ("--layout-root", layout_root), ("--as-user", as_user),
+                        ("--launch-timeout", timeout)):
         if value == "":
             raise InvalidSettings(f"{flag}: expected a value, got an empty string")
     try:
@@ -237,8 +238,8 @@ def build(
     try:
         seconds = float(timeout) if timeout is not None else 30.0
     except ValueError:
-        raise InvalidSettings(f"--timeout {timeout!r}: expected a number of seconds") from None
-    seconds = check_seconds("--timeout", seconds)
+        raise InvalidSettings(f"--launch-timeout {timeout!r}: expected a number of seconds") from None
+    seconds = check_seconds("--launch-timeout", seconds)
     if host_cannot_observe is not None and not host_cannot_observe.strip():
         raise InvalidSettings("--host-cannot-observe: say why the host cannot see the task")
     return Settings(

@@ -166,8 +166,8 @@ def test_the_fleet_table_is_never_written_into_a_hosts_directory(
 # ---- bad numbers, names and places --------------------------------------------------------------
 
 NUMBERS = [
-    ("witness", "--timeout"), ("run", "--timeout"), ("controls", "--timeout"),
-    ("controls", "--launch-timeout"),
+    ("witness", "--launch-timeout"), ("run", "--timeout"), ("run", "--launch-timeout"),
+    ("controls", "--timeout"), ("controls", "--launch-timeout"),
 ]
 
 

@@ -465,7 +465,7 @@ def test_witness_with_an_external_launcher(sig: int, tmp_path: Path) -> None:
     env = _env(tmp_path)
     before = _stamped(env)
     e = cancel_mid_run([sys.executable, "-m", "sandbox_conformance", "witness", "--launcher", str(launcher),
-                        "--timeout", "120"], sig=sig, ready=_sleeping(token), tmp=tmp_path, env=env)
+                        "--launch-timeout", "120"], sig=sig, ready=_sleeping(token), tmp=tmp_path, env=env)
     assert not processes_with(token)
     if sig == signal.SIGKILL:
         assert_killed_then_swept(e, before, env, expect=("sbxc-witness-",))
@@ -633,7 +633,7 @@ def test_witness_through_the_oci_adapter(sig: int, tmp_path: Path) -> None:
     before = _stamped(env)
     e = cancel_mid_run([sys.executable, "-m", "sandbox_conformance", "witness", "--profile",
                         str(adapters.profile_path("oci.toml")), "--launcher", launcher, "--launcher-spec",
-                        "--launcher-stdin", "--timeout", "120"],
+                        "--launcher-stdin", "--launch-timeout", "120"],
                        sig=sig, ready=_sleeping(token), tmp=tmp_path, env=env)
     # The adapter's guardian is not the run's descendant: a bounded wait, longer than its own worst case
     # (`crun delete --force` may take its whole 20 s timeout on a loaded host before the bundle goes;

@@ -177,7 +177,7 @@ def test_the_witness_command_exits_2_with_one_line_for_a_bad_profile(tmp_path: P
         ["--perturb", "nonsense"],
         ["--launcher", "'unterminated"],
         ["--launcher", "entry-point:no-such-launcher"],
-        ["--timeout", "0"],
+        ["--launch-timeout", "0"],
     ],
 )
 def test_the_witness_command_exits_2_for_other_bad_input(args: list[str]) -> None:

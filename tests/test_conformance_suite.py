@@ -328,7 +328,7 @@ def test_a_launcher_that_does_not_deliver_is_a_harness_error_naming_it_and_leave
     done = witness(
         "--launcher",
         prefix,
-        "--timeout",
+        "--launch-timeout",
         "2",
         "--junitxml",
         str(tmp_path / "j.xml"),

@@ -416,4 +416,4 @@ def test_each_witness_run_gets_the_launch_timeout(tmp_path: Path) -> None:
                                      runner=runner)
     go([])
     argv = seen[0]
-    assert argv[argv.index("--timeout") + 1] == "120.0"
+    assert argv[argv.index("--launch-timeout") + 1] == "120.0"

@@ -71,7 +71,7 @@ def test_generated_bad_profiles_are_one_line_each(monkeypatch: pytest.MonkeyPatc
         assert "PASS" not in out and p.read_bytes() == before
 
 
-OPTIONS = ["--profile", "--expected-skips", "--layout-root", "--as-user", "--launcher", "--timeout",
+OPTIONS = ["--profile", "--expected-skips", "--layout-root", "--as-user", "--launcher", "--launch-timeout",
            "--json", "--junitxml", "--log", "--adapter", "--format", "--launcher-env"]
 OUTPUTS = ("--json", "--junitxml", "--log")
 BAD_OUTPUTS = ("", "/dev/zero", "/proc/version", "/dev/full", "a" * 5000, "/nonexistent/x")

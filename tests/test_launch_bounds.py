@@ -90,7 +90,7 @@ def test_a_setsid_daemon_of_a_launcher_that_hangs_is_killed_after_the_launch_tim
                         f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 300' </dev/null >/dev/null 2>&1 &\n"
                         "exec sleep 300\n")
     launcher.chmod(0o755)
-    done = witness("--launcher", str(launcher), "--timeout", "2", timeout=100)
+    done = witness("--launcher", str(launcher), "--launch-timeout", "2", timeout=100)
     daemon = int(pidfile.read_text())
     survived = _alive(daemon)
     _reap_by_pidfile(pidfile)  # the test's own clean-up, whatever it found

@@ -209,7 +209,7 @@ def test_no_live_task_seen_names_host_cannot_observe_as_the_way_on(tmp_path: Pat
     profile.write_text('[profile]\nname = "pid-only"\n[namespaces]\npid = "private"\n')
     report = tmp_path / "r.json"
     witness(
-        "--profile", str(profile), "--launcher", str(launcher), "--launcher-stdin", "--timeout", "6",
+        "--profile", str(profile), "--launcher", str(launcher), "--launcher-stdin", "--launch-timeout", "6",
         "--json", str(report),
     )
     [pid] = [p for p in json.loads(report.read_text())["promises"] if p["promise"] == "pid"]

@@ -103,7 +103,7 @@ def test_a_profile_of_2000_read_only_paths_gets_its_verdict(tmp_path: Path) -> N
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
            "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-m", "sandbox_conformance", "witness", "--profile", str(profile),
-                           "--json", str(report), "--timeout", "600"], cwd=REPO, env=env, text=True,
+                           "--json", str(report), "--launch-timeout", "600"], cwd=REPO, env=env, text=True,
                           capture_output=True, timeout=1100)
     assert done.returncode in (0, 1), done.stderr[-3000:]
     # Said before the long part (issue 28: no output for 158 s).

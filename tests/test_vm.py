@@ -663,9 +663,10 @@ def test_under_tcg_the_guest_suite_gets_a_launch_timeout_sized_for_emulation():
     # The guest driver puts it on the witness command, before any `-- PYTEST ARGS`.
     leg = vm_suite.witness_argv("root", "u", opts.argv(), launch_timeout=120.0, python="/py")
     assert leg[:4] == ["/py", "-m", "sandbox_conformance", "witness"]
-    assert leg[leg.index("--timeout") + 1] == "120.0" and leg.index("--timeout") < leg.index("--")
+    at = leg.index("--launch-timeout")
+    assert leg[at + 1] == "120.0" and at < leg.index("--")
     assert leg[leg.index("--") + 1:] == ["-k", "cgroup"]
-    assert "--timeout" not in vm_suite.witness_argv("root", None, [], launch_timeout=None)
+    assert "--launch-timeout" not in vm_suite.witness_argv("root", None, [], launch_timeout=None)
 
 
 def test_run_vm_hands_the_guest_the_launch_timeout_of_the_accelerator_it_boots(tmp_path, monkeypatch):

@@ -89,7 +89,7 @@ def witness_argv(label: str, user: str | None, witness: Sequence[str], *,
     """One leg's witness command. The launch timeout goes before the witness arguments, which may end
     with `-- PYTEST ARGS`."""
     return [python, "-m", "sandbox_conformance", "witness",
-            *(["--timeout", str(launch_timeout)] if launch_timeout is not None else []),
+            *(["--launch-timeout", str(launch_timeout)] if launch_timeout is not None else []),
             *(["--as-user", user] if user else []),
             *(a.replace("{label}", label) for a in witness)]
 
