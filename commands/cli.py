@@ -15,9 +15,10 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from sandbox_conformance import commands
+from sandbox_conformance.conformance import options
 from sandbox_conformance.processes import cancel
 from sandbox_conformance.processes.exits import EXIT_FAIL, EXIT_UNAVAILABLE, EXIT_USAGE, Refusal, UsageError
 
@@ -117,6 +118,28 @@ def _command(argv: list[str]) -> int:
     if empty is not None:
         print(f"sandbox-conformance {args.command}: {empty}", file=sys.stderr)
         return EXIT_USAGE
+    return run_command(args)
+
+
+def witness_namespace(values: dict[str, Any]) -> argparse.Namespace:
+    """The witness command's arguments as its parser would have made them, from data: every witness
+    option at its default (conformance/options.py), then `values` (a None keeps the default). The
+    forked standby's way in (runners/native.py): no argv is written out and parsed again."""
+    from sandbox_conformance.commands import witness
+
+    args = options.namespace(options.WITNESS)
+    for key, value in values.items():
+        if value is not None:
+            setattr(args, key, list(value) if isinstance(value, tuple) else value)
+    args.command, args._main = "witness", witness.main
+    args.standby_fd = getattr(args, "standby_fd", None)
+    args.pytest_args = list(values.get("pytest_args") or ())
+    return args
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """A parsed command, run with the contract around it: its exit code, UsageError as exit 2 and
+    Refusal as 75 with one line, a stop signal as an orderly stop."""
     if args.command in STARTS_NOTHING:
         commands.release()  # its trials die with it: a stop signal ends it as any process
     try:

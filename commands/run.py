@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from sandbox_conformance.conformance import output
 from sandbox_conformance.conformance.render import Format, refusal_markdown
@@ -288,11 +289,12 @@ def _main(args: argparse.Namespace, verdict: _Verdict) -> int:
         return _decided(args, verdict, request, print_mode, findings, decision, standby, setup)
 
 
-def _witness_main(argv: list[str]) -> int:
-    """The witness command, in the forked child runners/native.py Standby makes."""
+def _witness_main(values: dict[str, Any]) -> int:
+    """The witness command, in the forked child runners/native.py Standby makes: its arguments as
+    data (the options record and the pipe), never an argv parsed again."""
     from sandbox_conformance.commands import cli
 
-    return cli.main(["witness", *argv])
+    return cli.run_command(cli.witness_namespace(values))
 
 
 def _witness_setup(args: argparse.Namespace) -> tuple[witness_args.WitnessOptions, output.RunLog]:

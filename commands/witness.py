@@ -279,19 +279,16 @@ def _no_autoload() -> Iterator[None]:
             os.environ[AUTOLOAD_ENV] = saved
 
 
-def _stand_by(fd: int) -> bool:
-    """Wait for `run`'s word (handover.await_go); True to go. The rest of the suite's own imports come
-    first, so they overlap the run's probes too."""
+def _stand_by(fd: int) -> str | None:
+    """Wait for `run`'s word (handover.await_go): its findings' record ("" for none) to go, None not
+    to. The rest of the suite's own imports come first, so they overlap the run's probes too."""
     try:
         os.fstat(fd)
     except OSError:
         raise UsageError(f"{handover.STANDBY_FLAG} {fd}: not an open descriptor") from None
     import sandbox_conformance.conformance.harness  # noqa: F401  # what _main imports next, imported now
 
-    said = handover.await_go(fd)
-    if said:
-        os.environ[handover.FINDINGS_ENV] = said
-    return said is not None
+    return handover.await_go(fd)
 
 
 def _checked_early(args: argparse.Namespace) -> Settings | Exception:
@@ -308,8 +305,11 @@ def main(args: argparse.Namespace) -> int:
     early: Settings | Exception | None = None
     if getattr(args, "standby_fd", None) is not None:
         early = _checked_early(args)
-        if not _stand_by(args.standby_fd):
+        record = _stand_by(args.standby_fd)
+        if record is None:
             return EXIT_OK  # the run went another way: nothing was made here, and nothing to say
+        if isinstance(early, Settings):
+            early = early._replace(guard=handover.handed_down(record, early.as_user, os.environ))
     out = output.WitnessOutput.from_args(args)  # its usage errors before any work (conformance/output.py)
     try:
         code = _main(args, out, early)
@@ -331,10 +331,7 @@ def _main(args: argparse.Namespace, out: output.WitnessOutput,
           early: Settings | Exception | None = None) -> int:
     if isinstance(early, Exception):
         raise early
-    if early is None:
-        settings = _validate(args)
-    else:
-        settings = early._replace(guard=handover.handed_down(early.as_user, os.environ))
+    settings = _validate(args) if early is None else early
     launcher = settings.launcher if settings.launcher.kind is not LauncherKind.reference else None
     if launcher is None and Host().which("bwrap") is None:
         raise Refusal(

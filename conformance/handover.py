@@ -16,9 +16,6 @@ from sandbox_conformance.probes.finding import Finding
 
 # The probes whose findings guard witnesses (conformance/guard.py).
 GUARD_PROBES = ("disable_userns", "cgroup.delegation")
-# The environment variable carrying them (JSON, see `handover`).
-FINDINGS_ENV = "SANDBOX_CONFORMANCE_FINDINGS"
-
 # The hidden witness option naming the pipe, and the word that starts a standby witness run.
 STANDBY_FLAG = "--standby-fd"
 GO = b"go\n"
@@ -28,7 +25,7 @@ _DEPENDS_ON = ("SANDBOX_CONFORMANCE_CGROUP_ROOT",)
 
 
 def handover(findings: Iterable[Finding], *, as_user: str | None, environ: Mapping[str, str]) -> str:
-    """FINDINGS_ENV's value: the findings, for whom, and the environment they were made in."""
+    """The record said after GO: the findings, for whom, and the environment they were made in."""
     return json.dumps(
         {
             "as_user": as_user,
@@ -38,10 +35,10 @@ def handover(findings: Iterable[Finding], *, as_user: str | None, environ: Mappi
     )
 
 
-def handed_down(as_user: str | None, environ: Mapping[str, str]) -> dict[str, Finding] | None:
-    """The findings `run` handed down, if they were made for this user in this environment; None
+def handed_down(raw: str | None, as_user: str | None,
+                environ: Mapping[str, str]) -> dict[str, Finding] | None:
+    """The findings in `run`'s record, if they were made for this user in this environment; None
     otherwise (the session then probes for itself, as a direct `witness` does)."""
-    raw = environ.get(FINDINGS_ENV)
     if not raw:
         return None
     try:
@@ -56,7 +53,7 @@ def handed_down(as_user: str | None, environ: Mapping[str, str]) -> dict[str, Fi
 
 
 def await_go(fd: int) -> str | None:
-    """Block until `run` says: the findings' record (FINDINGS_ENV's value, "" for none) after GO, or
+    """Block until `run` says: the findings' record (`handover`'s, "" for none) after GO, or
     None when the pipe ended without it. The read to EOF is one `run` ends by closing its end."""
     with os.fdopen(fd, "rb", closefd=True) as pipe:
         said = pipe.read()  # to EOF

@@ -135,6 +135,16 @@ def check(args: argparse.Namespace, command: str) -> None:
                 check_seconds(o.flag, value)
 
 
+def namespace(command: str) -> argparse.Namespace:
+    """Every option `command` takes at the value its parser gives when the option is not given."""
+    out = argparse.Namespace()
+    for o in TABLE:
+        if command in o.commands:
+            value = False if o.action == "store_true" else [] if o.action == "append" else o.default
+            setattr(out, o.dest, value)
+    return out
+
+
 def _kwargs(o: Option, dest: str) -> dict[str, Any]:
     kw: dict[str, Any] = {"dest": dest, "help": argparse.SUPPRESS if o.hidden else o.help}
     if o.action == "store_true":

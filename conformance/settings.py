@@ -19,7 +19,6 @@ from typing import NamedTuple
 from sandbox_conformance.conformance import bwrap_argv, remedies
 from sandbox_conformance.conformance import profile as profile_mod
 from sandbox_conformance.conformance import promises as promises_mod
-from sandbox_conformance.conformance.handover import handed_down
 from sandbox_conformance.conformance.launch import REFERENCE, Launcher, LauncherKind, external
 from sandbox_conformance.conformance.options import REQUIRE_ENV
 from sandbox_conformance.kernel.cgroupfs import statfs_magic
@@ -254,7 +253,7 @@ def build(
         harness_leaf=harness_leaf,
         launcher_env=env_extra,
         layout_root=check_layout_root(layout_root) if layout_root is not None else None,
-        guard=handed_down(as_user, environ),
+        guard=None,  # probed by the session, unless `run` handed its findings on (commands/witness.py)
         selection=selection,
         adapter=adapter,
     )

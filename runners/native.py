@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from sandbox_conformance.conformance.handover import GO, GUARD_PROBES, STANDBY_FLAG, handover
 from sandbox_conformance.probes.finding import Finding
@@ -85,13 +86,14 @@ class Standby:
     before its first check of the host. `go` hands it the findings this run probed; `discard` closes
     the pipe unsaid, and it exits 0 without a word.
 
-    `witness_main` (the witness command's main, given its arguments): the child is a fork of this
-    process (processes/run.py Forked), which has the interpreter and much of the suite's imports ready;
-    without it, or with a thread running here, a fresh `python -m sandbox_conformance witness`."""
+    `witness_main` (the witness command, given its options as data: the record's fields and
+    `standby_fd`): the child is a fork of this process (processes/run.py Forked), which has the
+    interpreter and much of the suite's imports ready; without it, or with a thread running here, a
+    fresh `python -m sandbox_conformance witness` with them as arguments."""
 
     def __init__(self, options: WitnessOptions, *, timeout: float, environ: Mapping[str, str] | None = None,
                  python: str = sys.executable,
-                 witness_main: Callable[[list[str]], int] | None = None) -> None:
+                 witness_main: Callable[[dict[str, Any]], int] | None = None) -> None:
         self._environ = os.environ if environ is None else environ
         self._as_user = options.as_user
         self._timeout = timeout
@@ -100,8 +102,8 @@ class Standby:
         self._forked: Forked | None = None
         self._spawned: Background[Completed] | None = None
         if witness_main is not None:
-            body = functools.partial(_forked_witness, witness_main, _witness_arguments(options, self._read),
-                                     env, self._write)
+            values = {**options._asdict(), "standby_fd": self._read}
+            body = functools.partial(_forked_witness, witness_main, values, env, self._write)
             with contextlib.suppress(NotForkable):  # a thread runs here: spawned instead
                 self._forked = Forked(body)
         if self._forked is None:
@@ -160,11 +162,11 @@ class Standby:
             os.close(self._read)
 
 
-def _forked_witness(witness_main: Callable[[list[str]], int], argv: list[str], env: Mapping[str, str],
-                    our_end: int) -> int:
+def _forked_witness(witness_main: Callable[[dict[str, Any]], int], values: dict[str, Any],
+                    env: Mapping[str, str], our_end: int) -> int:
     """The forked child's body: the environment a spawned witness would have had, without our end of
     the pipe (its EOF is how a discarded child learns it), then the witness command."""
     os.close(our_end)
     os.environ.clear()
     os.environ.update(env)
-    return witness_main(argv)
+    return witness_main(values)

@@ -139,24 +139,36 @@ def test_findings_are_handed_down_only_for_the_same_user_and_environment() -> No
     f = [_finding("disable_userns", "handed down")]
     env = {"SANDBOX_CONFORMANCE_CGROUP_ROOT": "/sys/fs/cgroup/x"}
     raw = handover_mod.handover(f, as_user=None, environ=env)
-    got = handover_mod.handed_down(None, {**env, handover_mod.FINDINGS_ENV: raw})
+    got = handover_mod.handed_down(raw, None, env)
     assert got is not None and got["disable_userns"].reason == "handed down"
-    assert handover_mod.handed_down("sbxc-test", {**env, handover_mod.FINDINGS_ENV: raw}) is None
+    assert handover_mod.handed_down(raw, "sbxc-test", env) is None
     # The promised cgroup root changed since (native mode drops it): re-probe.
-    assert handover_mod.handed_down(None, {handover_mod.FINDINGS_ENV: raw}) is None
-    assert handover_mod.handed_down(None, {handover_mod.FINDINGS_ENV: "{not json"}) is None
+    assert handover_mod.handed_down(raw, None, {}) is None
+    assert handover_mod.handed_down("{not json", None, env) is None
+    assert handover_mod.handed_down("", None, env) is None
 
 
 def test_the_witness_process_uses_the_findings_run_handed_down(tmp_path: Path) -> None:
-    """The witness command takes the guard findings from the handover instead of probing again: a
-    handed-down `disable_userns` verdict is the one its nested-userns witness skips with."""
+    """The witness command takes the guard findings from run's word on its standby pipe instead of
+    probing again: a handed-down `disable_userns` verdict is the one its nested-userns witness skips
+    with. Nothing else carries them (no environment variable a launcher could set)."""
     raw = handover_mod.handover(
         [_finding("disable_userns", "sbxc-handed-down-marker"), _finding("cgroup.delegation", "none here")],
         as_user=None,
         environ={},
     )
-    done = witness("--junitxml", str(tmp_path / "j.xml"), env={handover_mod.FINDINGS_ENV: raw})
-    assert "sbxc-handed-down-marker" in done.stdout, done.stdout
+    r, w = os.pipe()
+    try:
+        child = subprocess.Popen([sys.executable, "-m", "sandbox_conformance", "witness",
+                                  handover_mod.STANDBY_FLAG, str(r), "--junitxml", str(tmp_path / "j.xml")],
+                                 pass_fds=(r,), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 cwd=REPO)
+    finally:
+        os.close(r)
+    with os.fdopen(w, "wb") as pipe:
+        pipe.write(handover_mod.GO + raw.encode())
+    out, err = child.communicate(timeout=300)
+    assert "sbxc-handed-down-marker" in out, out + err
 
 
 def test_a_launcher_exiting_75_is_one_did_not_run_with_its_reason_and_exit_75(tmp_path: Path) -> None:

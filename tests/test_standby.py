@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_conformance.conformance import handover
+from sandbox_conformance.runners.witness_args import WitnessOptions
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -34,8 +35,8 @@ SCENARIO = textwrap.dedent("""
     cancel.begin()
     parent_pipe = cancel._state.pipe.fileno()
 
-    def witness_main(argv):
-        fd = int(argv[argv.index(handover.STANDBY_FLAG) + 1])
+    def witness_main(values):
+        fd = values["standby_fd"]
         try:
             os.fstat(parent_pipe)
             inherited = True
@@ -45,7 +46,8 @@ SCENARIO = textwrap.dedent("""
         facts = {"said": said, "session_leader": os.getsid(0) == os.getpid(), "pid": os.getpid(),
                  "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
                  "parent_pipe_open": inherited, "env": os.environ.get("SANDBOX_CONFORMANCE_CGROUP_ROOT"),
-                 "argv": argv}
+                 "values": {k: v for k, v in values.items() if k != "standby_fd"},
+                 "fd": fd}
         with open(out, "w") as f:
             json.dump(facts, f)
         if mode == "hang" and said is not None:
@@ -89,7 +91,9 @@ def test_go_hands_the_findings_to_a_forked_child_in_a_session_of_its_own(tmp_pat
     assert child["parent_pipe_open"] is False, "the run's guardian pipe is closed in the copy"
     assert child["sigterm_default"], "the parent's stop handlers are not the copy's until it installs its own"
     assert child["env"] is None, "native mode's environment: the inherited cgroup root is dropped"
-    assert child["argv"][:2] == [handover.STANDBY_FLAG, child["argv"][1]] and "--require" in child["argv"]
+    # Its options as data, not an argv to parse again: the record's fields, and the pipe.
+    assert child["values"]["require"] is True and isinstance(child["fd"], int)
+    assert set(child["values"]) == set(WitnessOptions._fields)
 
 
 def test_a_discarded_child_is_told_nothing_and_reaped(tmp_path: Path) -> None:
