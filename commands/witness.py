@@ -345,8 +345,8 @@ def _main(args: argparse.Namespace, out: output.WitnessOutput,
         # paths, 158 s of silence). Measured here: the judging is linear now (tests/test_many_paths.py),
         # and a sandbox's own setup of thousands of mounts is not (bwrap took 12 s for 2,000 binds).
         print(f"sandbox-conformance witness: {paths} paths in profile {settings.profile.name}: the launch "
-              f"and ~{3 * paths} witnesses take a while (if the launch times out, raise --timeout, now "
-              f"{settings.timeout:g} s)", file=sys.stderr, flush=True)
+              f"and ~{3 * paths} witnesses take a while (if the launch times out, raise "
+              f"--launch-timeout, now {settings.timeout:g} s)", file=sys.stderr, flush=True)
     if launcher is None and settings.guard is None:
         # The guard probes' trial runs while the rest is imported and the host swept: the first
         # task's launch waits for it (conformance/guard.py).

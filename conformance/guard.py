@@ -14,19 +14,27 @@ from sandbox_conformance.probes.host import Host
 from sandbox_conformance.processes.run import Background
 
 
-def _probe(as_user: str | None, host: Host | None = None) -> dict[str, Finding]:
+def needed(reference: bool) -> tuple[str, ...]:
+    """The guard probes a launcher needs: our reference launcher reads both; an external launcher
+    made its own nesting promise, so only the cgroup root is asked (its trial, a real bwrap launch,
+    would be thrown away)."""
+    return GUARD_PROBES if reference else ("cgroup.delegation",)
+
+
+def _probe(as_user: str | None, host: Host | None = None,
+           probes: tuple[str, ...] = GUARD_PROBES) -> dict[str, Finding]:
     from sandbox_conformance.probes.collect import (
         collect,  # the probe modules are heavy; only a witness run needs them
     )
 
     host = host or Host(as_user=as_user)
-    return {f.probe: f for f in collect(host, only=list(GUARD_PROBES))}
+    return {f.probe: f for f in collect(host, only=list(probes))}
 
 
-_prefetched: dict[str | None, Background[dict[str, Finding]]] = {}
+_prefetched: dict[tuple[str | None, tuple[str, ...]], Background[dict[str, Finding]]] = {}
 
 
-def prefetch(as_user: str | None) -> None:
+def prefetch(as_user: str | None, probes: tuple[str, ...] = GUARD_PROBES) -> None:
     """Start the guard probes in the background; findings() then waits for them.
 
     Their trial forks (Popen with a preexec_fn runs the at-fork handlers, os.register_at_fork) while
@@ -37,12 +45,13 @@ def prefetch(as_user: str | None) -> None:
     imported here, before the first fork: the harness needs them anyway."""
     import concurrent.futures.thread  # noqa: F401  # imports logging too
 
-    if as_user not in _prefetched:
-        _prefetched[as_user] = Background(_probe, as_user, name="sbxc-guard")
+    if (as_user, probes) not in _prefetched:
+        _prefetched[as_user, probes] = Background(_probe, as_user, None, probes, name="sbxc-guard")
 
 
-def findings(as_user: str | None, host: Host | None = None) -> dict[str, Finding]:
+def findings(as_user: str | None, host: Host | None = None,
+             probes: tuple[str, ...] = GUARD_PROBES) -> dict[str, Finding]:
     """The probe findings that guard witnesses, for the user the tasks run as."""
-    if host is None and as_user in _prefetched:
-        return _prefetched[as_user].result()
-    return _probe(as_user, host)
+    if host is None and (as_user, probes) in _prefetched:
+        return _prefetched[as_user, probes].result()
+    return _probe(as_user, host, probes)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox_conformance.conformance import bwrap_argv, cgroup_leaf, layout, observer, plan
-from sandbox_conformance.conformance.guard import findings
+from sandbox_conformance.conformance.guard import findings, needed
 from sandbox_conformance.conformance.launch import (
     REFERENCE,
     SECRET_ENV,
@@ -216,7 +216,8 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
     @property
     def guard(self) -> dict[str, Finding]:
         if self._guard is None:
-            self._guard = findings(self.as_user)
+            reference = self.launcher.kind is LauncherKind.reference
+            self._guard = findings(self.as_user, probes=needed(reference))
         return self._guard
 
     def nested_userns_skip(self) -> str | None:

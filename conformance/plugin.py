@@ -39,7 +39,13 @@ from sandbox_conformance.conformance import options, promises, remedies
 from sandbox_conformance.conformance import profile as profile_mod
 from sandbox_conformance.conformance import settings as settings_mod
 from sandbox_conformance.conformance.harness import WitnessSession
-from sandbox_conformance.conformance.launch import Launcher, NoObservation, SandboxUnavailable, external
+from sandbox_conformance.conformance.launch import (
+    Launcher,
+    LauncherKind,
+    NoObservation,
+    SandboxUnavailable,
+    external,
+)
 from sandbox_conformance.conformance.options import REQUIRE_ENV
 from sandbox_conformance.conformance.plan import Task
 from sandbox_conformance.conformance.settings import Settings, read_expected_skips, skip_key
@@ -87,14 +93,15 @@ def pytest_configure(config: pytest.Config) -> None:
         named = str(e).replace("--only", "--sbxc-only").replace("--skip", "--sbxc-skip")
         raise pytest.UsageError(named) from None
     if _settings_key in config.stash:  # handed over by the witness command (Preset)
-        if config.stash[_settings_key].guard is None:
-            from sandbox_conformance.conformance.guard import prefetch
+        preset = config.stash[_settings_key]
+        if preset.guard is None:
+            from sandbox_conformance.conformance.guard import needed, prefetch
 
-            prefetch(config.stash[_settings_key].as_user)
+            prefetch(preset.as_user, needed(preset.launcher.kind is LauncherKind.reference))
     elif _active(config):
-        from sandbox_conformance.conformance.guard import prefetch
+        from sandbox_conformance.conformance.guard import needed, prefetch
 
-        prefetch(config.getoption("sbxc_as_user"))
+        prefetch(config.getoption("sbxc_as_user"), needed(not _option(config, "sbxc_launcher")))
 
 
 def _option(config: pytest.Config, name: str) -> Any:
@@ -172,9 +179,11 @@ def guard(config: pytest.Config) -> dict[str, Finding]:
         if s.guard is not None:
             config.stash[_guard_key] = dict(s.guard)  # handed down by `run`: probed once per run
         else:
-            from sandbox_conformance.conformance.guard import findings
+            from sandbox_conformance.conformance.guard import findings, needed
 
-            config.stash[_guard_key] = findings(s.as_user)
+            # The ones prefetched for this launcher (pytest_configure): one trial each, none unread.
+            reference = s.launcher.kind is LauncherKind.reference
+            config.stash[_guard_key] = findings(s.as_user, probes=needed(reference))
     return config.stash[_guard_key]
 
 
