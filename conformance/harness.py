@@ -417,19 +417,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         launch_nonce = secrets.token_hex(8)
         tag = None if self.unobservable else observer.tag(launch_nonce)
         made = set(self.profile.promises())
-        asked = observer.Reach(
-            secret=self.host.secret_value if "secrets" in made else "",
-            secret_file=self.host.secret_file,
-            sockets=self._host_sockets if "host_sockets" in made else (),
-            devices={**plan.DEVICES, **{d: "*" for d in self.profile.devices_allowed}},
-        )
-        watch = observer.Watch(
-            tag or "",
-            launch_nonce,
-            protected=self.protected(),
-            host_namespaces=self.host.namespaces,
-            asked=asked,
-        )
+        watch = self._watch(tag, launch_nonce, made)
         # The task waits at most this long for the host to release it; the launch's own timeout
         # must leave room for the rest of the task after it.
         handshake = max(1.0, min(10.0, self.timeout / 3))
@@ -452,28 +440,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
                 killer: _TreeKill | None = None
                 runner = run
                 if root is not None:
-                    # A neighbour task's leaf (a sibling, with limits of its own) the task must not
-                    # be able to write to, then the task's own leaf with the profile's limits,
-                    # entered by the shim before the launcher (or setpriv) executes; both killed and
-                    # removed on the way out, whatever happened.
-                    lim = self.profile.limits
-                    neighbour = leaf_stack.enter_context(
-                        cgroup_leaf.task_leaf(
-                            root,
-                            cgroup_leaf.unique_name("neighbour"),
-                            cgroup_leaf.LeafLimits(
-                                memory_max=lim.memory_max or NEIGHBOUR_MEMORY_MAX,
-                                pids_max=lim.pids_max or NEIGHBOUR_PIDS_MAX,
-                            ),
-                        )
-                    )
-                    limits = cgroup_leaf.LeafLimits(memory_max=lim.memory_max, pids_max=lim.pids_max)
-                    if "limits_dropped" in self.perturbations:
-                        # The negative control: the leaf is made and entered, nothing is written.
-                        limits = cgroup_leaf.LeafLimits(swap_max=None)
-                    leaf = leaf_stack.enter_context(
-                        cgroup_leaf.task_leaf(root, cgroup_leaf.unique_name("task"), limits)
-                    )
+                    neighbour, leaf = self._leaves(leaf_stack, root)
                     if "leaf_not_entered" not in self.perturbations:
                         argv = (*leaf.enter_argv(), *argv)
                     neighbour_before = _read(neighbour.path / "memory.max")
@@ -507,49 +474,17 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
                 if leaf is not None:
                     if killer is not None:
                         killer.stop()
-                    cgroup = dict(
-                        cgroup_leaf.summary(leaf),
-                        cgroup_path=leaf.cgroup_path,
-                        kill=killer.result if killer is not None else None,
-                        neighbour={
-                            "path": str(neighbour.path),
-                            "cgroup_path": neighbour.cgroup_path,
-                            "memory_max_before": neighbour_before,
-                            "memory_max_after": _read(neighbour.path / "memory.max"),
-                            "procs_after": neighbour.procs(),
-                        },
-                    )
+                    cgroup = _cgroup_seen(leaf, killer, neighbour, neighbour_before)
         except cgroup_leaf.CgroupUnusable as e:
             raise NoObservation(f"{self.launcher.name}: task cgroup: {e}") from None
         finally:
             watch.stop_looking()
             knocks = self._knocks()
             after = plan.host_after(the_plan.host_checks)
-            # A planted file outside our layout (a broken sandbox let it through into, say, /usr):
-            # remove it, it is ours by its nonce.
-            for p in after:
-                if after[p] is not None and not Path(p).is_relative_to(lay.root):
-                    with contextlib.suppress(OSError):
-                        os.unlink(p)
+            _remove_planted_outside(after, lay.root)
         check_document(self.launcher.name, doc, the_plan)
         unobserved = self.unobservable
-        seen = watch.seen
-        unseen = (
-            None
-            if seen is not None
-            else f"no live task seen from the host: {watch.why_not} (a sandbox whose tasks run out of this "
-            "kernel's sight, such as gVisor or a VM, says so with --host-cannot-observe 'WHY')"
-        )
-        hs = doc.get("handshake")
-        released = hs.get("value") if isinstance(hs, dict) else None
-        if seen is not None and released != watch.release_value:
-            # The host released the process it read with a number only that process received; a
-            # document without it was written by another process (a decoy carried the tag).
-            seen, unseen = None, (
-                "the process the host read did not write this document: it was released with a value "
-                f"the document does not carry (the document says {released!r}); another process "
-                "carried the task's tag"
-            )
+        seen, unseen = _bound(watch, doc)
         return plan.Task(
             doc=doc,
             plan=the_plan,
@@ -577,6 +512,36 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             if "secrets" in made
             else (),
         )
+
+    def _watch(self, tag: str | None, launch_nonce: str, made: set[str]) -> observer.Watch:
+        """The host's watch of one launch: what it looks for in the task's reach (the secret, the
+        host's sockets, device nodes beyond the allowlist) and which process carries the tag."""
+        assert self.host is not None
+        asked = observer.Reach(
+            secret=self.host.secret_value if "secrets" in made else "",
+            secret_file=self.host.secret_file,
+            sockets=self._host_sockets if "host_sockets" in made else (),
+            devices={**plan.DEVICES, **{d: "*" for d in self.profile.devices_allowed}},
+        )
+        return observer.Watch(tag or "", launch_nonce, protected=self.protected(),
+                              host_namespaces=self.host.namespaces, asked=asked)
+
+    def _leaves(self, stack: contextlib.ExitStack, root: Path) -> tuple[cgroup_leaf.Leaf, cgroup_leaf.Leaf]:
+        """(a neighbour task's leaf, the task's own): the sibling with limits of its own the task
+        must not be able to write to, then the task's leaf with the profile's limits, entered by the
+        shim before the launcher (or setpriv) executes; both killed and removed on the way out by
+        `stack`, whatever happened."""
+        lim = self.profile.limits
+        neighbour = stack.enter_context(cgroup_leaf.task_leaf(
+            root, cgroup_leaf.unique_name("neighbour"),
+            cgroup_leaf.LeafLimits(memory_max=lim.memory_max or NEIGHBOUR_MEMORY_MAX,
+                                   pids_max=lim.pids_max or NEIGHBOUR_PIDS_MAX)))
+        limits = cgroup_leaf.LeafLimits(memory_max=lim.memory_max, pids_max=lim.pids_max)
+        if "limits_dropped" in self.perturbations:
+            # The negative control: the leaf is made and entered, nothing is written.
+            limits = cgroup_leaf.LeafLimits(swap_max=None)
+        return neighbour, stack.enter_context(cgroup_leaf.task_leaf(root, cgroup_leaf.unique_name("task"),
+                                                                    limits))
 
     def _bare_plan(self, nonce: str, *, tag: str | None = None, terminal: bool = False) -> plan.Plan:
         """A plan for a launch that asks one thing (the lifecycle, the terminal): no ops, so nothing it
@@ -775,6 +740,49 @@ def _own_cgroup() -> str:
     text = Path("/proc/self/cgroup").read_text()
     return own_cgroup(text) or ""
 
+
+def _cgroup_seen(leaf: cgroup_leaf.Leaf, killer: _TreeKill | None, neighbour: cgroup_leaf.Leaf,
+                 neighbour_before: str | None) -> dict[str, Any]:
+    """What the host read of the task's leaf and its neighbour's, once the launch is over."""
+    return dict(
+        cgroup_leaf.summary(leaf),
+        cgroup_path=leaf.cgroup_path,
+        kill=killer.result if killer is not None else None,
+        neighbour={
+            "path": str(neighbour.path),
+            "cgroup_path": neighbour.cgroup_path,
+            "memory_max_before": neighbour_before,
+            "memory_max_after": _read(neighbour.path / "memory.max"),
+            "procs_after": neighbour.procs(),
+        },
+    )
+
+
+def _remove_planted_outside(after: dict[str, str | None], root: Path) -> None:
+    """A planted file outside our layout (a broken sandbox let it through into, say, /usr): removed,
+    it is ours by its nonce."""
+    for p in after:
+        if after[p] is not None and not Path(p).is_relative_to(root):
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+
+
+def _bound(watch: observer.Watch, doc: dict[str, Any]) -> tuple[Any, str | None]:
+    """(what the host saw of the task, why it saw none): only a process that carried the tag AND
+    wrote this document counts. The host released the process it read with a number only that process
+    received; a document without it was written by another process (a decoy carried the tag)."""
+    seen = watch.seen
+    if seen is None:
+        return None, (f"no live task seen from the host: {watch.why_not} (a sandbox whose tasks run out "
+                      "of this kernel's sight, such as gVisor or a VM, says so with --host-cannot-observe "
+                      "'WHY')")
+    hs = doc.get("handshake")
+    released = hs.get("value") if isinstance(hs, dict) else None
+    if released != watch.release_value:
+        return None, ("the process the host read did not write this document: it was released with a "
+                      f"value the document does not carry (the document says {released!r}); another process "
+                      "carried the task's tag")
+    return seen, None
 
 def _read(path: Path) -> str | None:
     try:

@@ -428,6 +428,8 @@ class _Reader:
 
 
 def parse(doc: Mapping[str, Any], file: str) -> Profile:
+    """The profile a TOML document promises, every key checked (InvalidProfile names the first bad
+    one): one reader per section below, in the order a profile is written."""
     r = _Reader(file, doc)
     for name in doc:
         if name not in _SCHEMA:
@@ -435,9 +437,23 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
     meta = r.section("profile")
     if "name" not in meta:
         raise r.fail("profile.name", "a profile name")
+    # Read in the order a profile is written, so the first mistake named is the first one there.
     name = r.text("profile.name", meta["name"])
     description = r.text("profile.description", meta["description"]) if "description" in meta else ""
+    filesystem, task = _filesystem(r), _task(r)
+    network, allowed, unix_allowed = _network(r)
+    devices_allowed, not_claimed, layout, syscalls = _devices(r), _not_claimed(r), _layout(r), _syscalls(r)
+    nested, nested_errno = _userns(r)
+    namespaces = _namespaces(r)
+    process, environment, limits = _process(r, namespaces), _environment(r), _limits(r)
+    return Profile(name=name, source=file, description=description, filesystem=filesystem, task=task,
+                   network=network, network_allowed=allowed, nested_userns=nested, nested_errno=nested_errno,
+                   syscalls=syscalls, layout=layout, namespaces=namespaces, process=process,
+                   environment=environment, limits=limits, devices_allowed=devices_allowed,
+                   unix_allowed=unix_allowed, not_claimed=not_claimed)
 
+
+def _filesystem(r: _Reader) -> Filesystem:
     fs = r.section("filesystem")
     filesystem = Filesystem(
         **{k: r.paths(f"filesystem.{k}", fs[k]) for k in fs if k not in ("write_surface", "refuse")},
@@ -463,7 +479,10 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
                     f"one promise per path ({path} is already filesystem.{other_kind} as {other})",
                 )
             claimed[norm] = (kind, path)
+    return filesystem
 
+
+def _task(r: _Reader) -> TaskSection:
     t = r.section("task")
     control_files: tuple[str, ...] = ()
     if "control_files" in t:
@@ -485,13 +504,16 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
             "at least one file the suite seeds in task.control "
             "(a read-only promise on an empty directory proves nothing)",
         )
-    task = TaskSection(
+    return TaskSection(
         control=r.path("task.control", t["control"]) if "control" in t else None,
         control_files=control_files,
         user_tmp=r.path("task.user_tmp", t["user_tmp"]) if "user_tmp" in t else None,
         workdir=r.path("task.workdir", t["workdir"]) if "workdir" in t else None,
     )
 
+
+def _network(r: _Reader) -> tuple[NetworkMode, tuple[str, ...], tuple[str, ...]]:
+    """(the mode, the names a proxy lets through, the host unix sockets bound in)."""
     net = r.section("network")
     network = r.choice("network.mode", net["mode"], NetworkMode) if "mode" in net else NetworkMode.host
     allowed: tuple[str, ...] = ()
@@ -505,11 +527,19 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
             raise r.fail("network.allowed", 'network.mode = "proxy" (only a proxy lets names through)')
         allowed = tuple(v)
     unix_allowed = r.paths("network.unix_allowed", net["unix_allowed"]) if "unix_allowed" in net else ()
+    return network, allowed, unix_allowed
+
+
+def _devices(r: _Reader) -> tuple[str, ...]:
     dev = r.section("devices")
     devices_allowed = r.paths("devices.allow", dev["allow"]) if "allow" in dev else ()
     bad_dev = [d for d in devices_allowed if not d.startswith("/dev/")]
     if bad_dev:
         raise r.fail("devices.allow", "device node paths under /dev/", bad_dev[0])
+    return devices_allowed
+
+
+def _not_claimed(r: _Reader) -> dict[str, str]:
     prom = r.section("promises")
     not_claimed: dict[str, str] = {}
     if "not_claimed" in prom:
@@ -521,6 +551,10 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
             if k not in DEFAULT_PROMISES:
                 raise r.fail(f"promises.not_claimed.{k}", f"one of {', '.join(DEFAULT_PROMISES)}")
             not_claimed[k] = r.text(f"promises.not_claimed.{k}", v)
+    return not_claimed
+
+
+def _layout(r: _Reader) -> LayoutNames:
     lay = r.section("layout")
     for k, v in lay.items():
         if not isinstance(v, str) or not _LAYOUT_NAME.match(v):
@@ -528,6 +562,10 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
     layout_names = LayoutNames(**lay)
     if layout_names.user == layout_names.other_user:
         raise r.fail("layout.other_user", f"a name other than layout.user ({layout_names.user})")
+    return layout_names
+
+
+def _syscalls(r: _Reader) -> dict[str, str | tuple[str, ...]]:
     sc = r.section("syscalls")
     syscalls: dict[str, str | tuple[str, ...]] = {}
     for door, v in sc.items():
@@ -537,6 +575,11 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
             syscalls[door] = v
         else:
             raise r.fail(f"syscalls.{door}", '"refused", "allowed" or a list of errno names', v)
+    return syscalls
+
+
+def _userns(r: _Reader) -> tuple[Nested, tuple[str, ...]]:
+    """(whether a nested user namespace is allowed, the errnos a refusal may give)."""
     uns = r.section("userns")
     nested = r.choice("userns.nested", uns["nested"], Nested) if "nested" in uns else Nested.allowed
     nested_errno: tuple[str, ...] = ()
@@ -545,7 +588,10 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
         if nested is not Nested.refused:
             raise r.fail("userns.errno", 'userns.nested = "refused" (an errno says how it is refused)')
         nested_errno = v
+    return nested, nested_errno
 
+
+def _namespaces(r: _Reader) -> Namespaces:
     ns = r.section("namespaces")
     namespaces = Namespaces(
         **{k: r.choice(f"namespaces.{k}", ns[k], Sharing) for k in ("pid", "ipc", "uts") if k in ns},
@@ -558,7 +604,10 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
         raise r.fail(
             "namespaces.hostname", 'namespaces.uts = "private" (a hostname needs its own uts namespace)'
         )
+    return namespaces
 
+
+def _process(r: _Reader, namespaces: Namespaces) -> Process:
     p = r.section("process")
     process = Process(
         capabilities=r.choice("process.capabilities", p["capabilities"], Caps)
@@ -571,7 +620,10 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
         raise r.fail(
             "process.init", 'namespaces.pid = "private" (PID 1 is only the sandbox\'s own in a pid namespace)'
         )
+    return process
 
+
+def _environment(r: _Reader) -> Environment:
     e = r.section("environment")
     allow: tuple[str, ...] | None = None
     if "allow" in e:
@@ -593,34 +645,16 @@ def parse(doc: Mapping[str, Any], file: str) -> Profile:
                 raise r.fail(f"environment.set.{k}", "a value without NUL (no environment holds one)", v)
             r.placeholders(f"environment.set.{k}", v)
             env_set[k] = v
-    environment = Environment(allow=allow, set=env_set)
+    return Environment(allow=allow, set=env_set)
 
+
+def _limits(r: _Reader) -> Limits:
     lim = r.section("limits")
-    limits = Limits(
+    return Limits(
         memory_max=r.limit("limits.memory_max", lim["memory_max"], size=True)
         if "memory_max" in lim
         else None,
         pids_max=r.limit("limits.pids_max", lim["pids_max"], size=False) if "pids_max" in lim else None,
-    )
-    return Profile(
-        name=name,
-        source=file,
-        description=description,
-        filesystem=filesystem,
-        task=task,
-        network=network,
-        network_allowed=allowed,
-        nested_userns=nested,
-        nested_errno=nested_errno,
-        syscalls=syscalls,
-        layout=layout_names,
-        namespaces=namespaces,
-        process=process,
-        environment=environment,
-        limits=limits,
-        devices_allowed=devices_allowed,
-        unix_allowed=unix_allowed,
-        not_claimed=not_claimed,
     )
 
 
