@@ -193,6 +193,36 @@ def _below(path: str, skip: tuple[str, ...]) -> list[str]:
     return sorted(found, key=lambda p: (-p.count("/"), p))[:DEPTH_DIRS]
 
 
+class _Ops:
+    """The task's file operations, gathered in three phases (look, then try to write, then try to
+    remove), each op once, and the host paths to check after the task for what it left."""
+
+    def __init__(self, nonce: str) -> None:
+        self.nonce = nonce
+        self.look: list[dict[str, Any]] = []
+        self.write: list[dict[str, Any]] = []
+        self.remove: list[dict[str, Any]] = []
+        self.checks: list[str] = []
+
+    def add(self, kind: str, path: str, phase: list[dict[str, Any]], **extra: Any) -> None:
+        op = {"op": kind, "path": path, **extra}
+        if op not in phase:
+            phase.append(op)
+
+    def plant(self, directory: str, prefix: str = "", **extra: Any) -> None:
+        """A file the task tries to leave in `directory`; the host looks for it afterwards."""
+        path = f"{directory}/{prefix or PLANT}{self.nonce}"
+        self.add("create", path, self.write, data=self.nonce, **extra)
+        self.checks.append(path)
+
+    def looked_at(self, path: str) -> None:
+        self.add("stat", path, self.look)
+        self.add("list", path, self.look)
+
+    def all(self) -> tuple[dict[str, Any], ...]:
+        return tuple(self.look + self.write + self.remove)
+
+
 def build(
     profile: Profile,
     values: Mapping[str, str],
@@ -208,94 +238,41 @@ def build(
     """Ops in three phases (look, then try to write, then try to remove), so a broken sandbox that
     lets a write through cannot change what a later look sees."""
     fs, task = profile.filesystem, profile.task
-    look: list[dict[str, Any]] = []
-    write: list[dict[str, Any]] = []
-    remove: list[dict[str, Any]] = []
-    checks: list[str] = []
+    ops = _Ops(nonce)
 
-    def ops(kind: str, path: str, phase: list[dict[str, Any]], **extra: Any) -> None:
-        op = {"op": kind, "path": path, **extra}
-        if op not in phase:
-            phase.append(op)
+    def each(templates: tuple[str, ...]) -> list[str]:
+        return [expand(x, values) for x in templates]
 
-    for p in map(lambda x: expand(x, values), fs.masked):
-        ops("stat", p, look)
-        ops("list", p, look)
+    for p in each(fs.masked):
+        ops.looked_at(p)
         for name in _host_files(p):
-            ops("read", f"{p}/{name}", look)
-        ops("create", f"{p}/{PLANT}{nonce}", write, data=nonce)
-        checks.append(f"{p}/{PLANT}{nonce}")
-    own_promises = tuple(
-        expand(x, values)
-        for x in (*fs.writable, *fs.masked, *fs.absent, *fs.hidden, task.workdir, task.user_tmp, task.control)
-        if x is not None
-    )
-    for template, p in ((x, expand(x, values)) for x in fs.read_only):
-        ops("stat", p, look)
-        if os.path.isdir(p):
-            ops("list", p, look)
-            files = [f"{p}/{n}" for n in _host_files(p)]
-            for d in [p, *_below(p, tuple(o for o in own_promises if o != p))]:
-                if d != p:
-                    ops("stat", d, look)  # a directory hidden inside refuses with ENOENT: say so
-                ops("create", f"{d}/{PLANT}{nonce}", write, data=nonce, read_only=template)
-                checks.append(f"{d}/{PLANT}{nonce}")
-        else:
-            files = [p] if os.path.exists(p) else []
-        # The read shows the host's content inside: only a file anyone may read (mode o+r), so the
-        # answer depends on the sandbox and never on who the task runs as (a 0600 root file such as
-        # /etc/.pwd.lock refuses an unprivileged task with EACCES whatever the sandbox does).
-        for f in [f for f in files if _world_readable(f)][:1]:
-            ops("read", f, look)
-        for f in files[:1]:
-            # Zero bytes: the refusal is at open(O_WRONLY|O_APPEND); a broken sandbox must not be able
-            # to make us damage a real host file. A file the task's user does not own is tried too:
-            # file modes may answer first there (EACCES), which the witness accepts for that file only.
-            owned = task_uid is None or os.stat(f).st_uid == task_uid
-            ops("append", f, write, data="", read_only=template, owned=owned)
-    for p in map(lambda x: expand(x, values), fs.writable):
-        ops("create", f"{p}/{WRITE}{nonce}", write, data=nonce)
-        checks.append(f"{p}/{WRITE}{nonce}")
-    for p in map(lambda x: expand(x, values), fs.absent):
-        ops("stat", p, look)
-        ops("list", p, look)
+            ops.add("read", f"{p}/{name}", ops.look)
+        ops.plant(p)
+    _read_only_ops(ops, profile, values, task_uid)
+    for p in each(fs.writable):
+        ops.plant(p, WRITE)
+    for p in each(fs.absent):
+        ops.looked_at(p)
     if task.control is not None:
-        c = expand(task.control, values)
-        ops("stat", c, look)
-        ops("list", c, look)
-        for name in task.control_files:
-            # What the host seeded, read now: the task may be able to remove it (a broken sandbox).
-            try:
-                seeded: str | None = Path(f"{c}/{name}").read_text(errors="replace")[:4096]
-            except OSError:
-                seeded = None
-            ops("read", f"{c}/{name}", look, expect=seeded)
-            ops("append", f"{c}/{name}", write, data=f"appended {nonce}\n")
-            ops("unlink", f"{c}/{name}", remove)
-        ops("create", f"{c}/{PLANT}{nonce}", write, data=nonce)
-        checks.append(f"{c}/{PLANT}{nonce}")
-    for p in map(lambda x: expand(x, values), fs.hidden):
+        _control_ops(ops, expand(task.control, values), task.control_files)
+    for p in each(fs.hidden):
         # What the host holds there, read from inside (its content must not come back), and a file
         # the task tries to leave there (it must not reach the host, whatever the task was told).
-        ops("stat", p, look)
-        ops("list", p, look)
+        ops.looked_at(p)
         for f in hidden_files(p):
-            if not any(o["op"] == "read" and o["path"] == f for o in look):  # one read per path
-                ops("read", f, look)
-        ops("create", f"{p}/{PLANT}{nonce}", write, data=nonce)
-        checks.append(f"{p}/{PLANT}{nonce}")
+            if not any(o["op"] == "read" and o["path"] == f for o in ops.look):  # one read per path
+                ops.add("read", f, ops.look)
+        ops.plant(p)
     if task.user_tmp is not None:
-        t = expand(task.user_tmp, values)
-        ops("create", f"{t}/{WRITE}{nonce}", write, data=nonce)
-        checks.append(f"{t}/{WRITE}{nonce}")
+        ops.plant(expand(task.user_tmp, values), WRITE)
     net = profile.network in (NetworkMode.none, NetworkMode.proxy)
     return Plan(
         task_id=values.get("task_id", "task"),
-        ops=tuple(look + write + remove),
+        ops=ops.all(),
         tcp=host.tcp_targets if net else (),
         unix_abstract=(host.abstract_name,) if net else (),
         nested_userns=profile.nested_userns.value == "refused",
-        host_checks=tuple(checks),
+        host_checks=tuple(ops.checks),
         cgroup=cgroup,
         launch_nonce=launch_nonce,
         tag=tag,
@@ -308,6 +285,55 @@ def build(
         else None,
         shm_key=host.shm_key if "ipc" in profile.promises() else 0,
     )
+
+
+def _read_only_ops(ops: _Ops, profile: Profile, values: Mapping[str, str], task_uid: int | None) -> None:
+    """Each read-only path: looked at, a file planted in it and in every directory below it that no
+    other promise owns, one world-readable file read, and one file opened for append."""
+    fs, task = profile.filesystem, profile.task
+    own_promises = tuple(
+        expand(x, values)
+        for x in (*fs.writable, *fs.masked, *fs.absent, *fs.hidden, task.workdir, task.user_tmp, task.control)
+        if x is not None
+    )
+    for template, p in ((x, expand(x, values)) for x in fs.read_only):
+        ops.add("stat", p, ops.look)
+        if os.path.isdir(p):
+            ops.add("list", p, ops.look)
+            files = [f"{p}/{n}" for n in _host_files(p)]
+            for d in [p, *_below(p, tuple(o for o in own_promises if o != p))]:
+                if d != p:
+                    ops.add("stat", d, ops.look)  # a directory hidden inside refuses with ENOENT: say so
+                ops.plant(d, read_only=template)
+        else:
+            files = [p] if os.path.exists(p) else []
+        # The read shows the host's content inside: only a file anyone may read (mode o+r), so the
+        # answer depends on the sandbox and never on who the task runs as (a 0600 root file such as
+        # /etc/.pwd.lock refuses an unprivileged task with EACCES whatever the sandbox does).
+        for f in [f for f in files if _world_readable(f)][:1]:
+            ops.add("read", f, ops.look)
+        for f in files[:1]:
+            # Zero bytes: the refusal is at open(O_WRONLY|O_APPEND); a broken sandbox must not be able
+            # to make us damage a real host file. A file the task's user does not own is tried too:
+            # file modes may answer first there (EACCES), which the witness accepts for that file only.
+            owned = task_uid is None or os.stat(f).st_uid == task_uid
+            ops.add("append", f, ops.write, data="", read_only=template, owned=owned)
+
+
+def _control_ops(ops: _Ops, control: str, files: tuple[str, ...]) -> None:
+    """The task's control directory: what the host seeded there is read (and must read the same),
+    appended to and removed (both must be refused), and a file planted."""
+    ops.looked_at(control)
+    for name in files:
+        # What the host seeded, read now: the task may be able to remove it (a broken sandbox).
+        try:
+            seeded: str | None = Path(f"{control}/{name}").read_text(errors="replace")[:4096]
+        except OSError:
+            seeded = None
+        ops.add("read", f"{control}/{name}", ops.look, expect=seeded)
+        ops.add("append", f"{control}/{name}", ops.write, data=f"appended {ops.nonce}\n")
+        ops.add("unlink", f"{control}/{name}", ops.remove)
+    ops.plant(control)
 
 
 # ---- what the task holds and reaches --------------------------------------------------------------------
