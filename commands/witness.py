@@ -233,24 +233,13 @@ def _validate(args: argparse.Namespace) -> Settings:
     else:
         outputs.check_temp_space()  # where the layouts are made
     try:
-        return settings_mod.build(
-            profile=profile,
-            launcher=launcher,
-            as_user=args.as_user,
-            timeout=args.launch_timeout,
-            perturb=[*args.perturb, *(p for p in os.environ.get(PERTURB_ENV, "").split(",") if p)],
-            require=args.require,
-            expected_skips=args.expected_skips,
-            host_cannot_observe=getattr(args, "host_cannot_observe", None),
-            harness_leaf=getattr(args, "harness_leaf", False),
-            launcher_env=getattr(args, "launcher_env", None) or (),
-            layout_root=getattr(args, "layout_root", None),
-            launcher_spec=getattr(args, "launcher_spec", False),
-            launcher_stdin=getattr(args, "launcher_stdin", False),
-            only=getattr(args, "only", None) or (),
-            skip=getattr(args, "skip", None) or (),
-            adapter=getattr(args, "adapter", None) or None,
-        )
+        values = options.settings_values(lambda o: getattr(args, o.dest), options.WITNESS)
+        return settings_mod.build(**{
+            **values,
+            # What --adapter resolved (above) stands for the options it sets.
+            "profile": profile, "launcher": launcher, "adapter": args.adapter or None,
+            "perturb": [*args.perturb, *(p for p in os.environ.get(PERTURB_ENV, "").split(",") if p)],
+        })
     except settings_mod.InvalidSettings as e:
         raise UsageError(str(e)) from None
 

@@ -46,6 +46,8 @@ class Option(NamedTuple):
     short: str | None = None  # "-v"
     choices: tuple[str, ...] | None = None
     hidden: bool = False
+    # Read by conformance/settings.py `build` (by its dest), not only by the output or the command.
+    settings: bool = True
     # Older spellings `witness` and the plugin still accept, each with the line said when it is used
     # (never on `run`, where the old name means something else: `run --timeout` is the whole run).
     aliases: tuple[tuple[str, str], ...] = ()
@@ -92,12 +94,15 @@ TABLE: tuple[Option, ...] = (
     Option("--only", promises.ONLY_HELP, "IDS", action="append", default=()),
     Option("--skip", promises.SKIP_HELP, "IDS", action="append", default=()),
     Option("--as-user", "(root only) launch tasks as this unprivileged user", "NAME", crosses=Crossing.leg),
-    Option("--junitxml", "write JUnit XML here" + _REPORT, "FILE", commands=_BOTH, crosses=Crossing.output),
+    Option("--junitxml", "write JUnit XML here" + _REPORT, "FILE",
+           commands=_BOTH, crosses=Crossing.output, settings=False),
     Option("--json", "write the JSON report here ('-' for stdout instead of lines)" + _REPORT, "FILE",
-           commands=_BOTH, crosses=Crossing.output),
-    Option("--format", output.FORMAT_HELP, choices=tuple(f.value for f in Format), commands=_BOTH),
-    Option("--verbose", output.VERBOSE_HELP, action="store_true", default=False, commands=_BOTH, short="-v"),
-    Option("--log", output.LOG_HELP, "FILE", commands=_BOTH, crosses=Crossing.output),
+           commands=_BOTH, crosses=Crossing.output, settings=False),
+    Option("--format", output.FORMAT_HELP, choices=tuple(f.value for f in Format), commands=_BOTH,
+           settings=False),
+    Option("--verbose", output.VERBOSE_HELP, action="store_true", default=False, commands=_BOTH, short="-v",
+           settings=False),
+    Option("--log", output.LOG_HELP, "FILE", commands=_BOTH, crosses=Crossing.output, settings=False),
     Option("--require", f"every skip is a failure (also {REQUIRE_ENV}=1)", action="store_true",
            default=False),
     Option("--expected-skips", "`test id | reason` lines: fail unless the skipped witnesses are exactly "
@@ -133,6 +138,12 @@ def check(args: argparse.Namespace, command: str) -> None:
             value = getattr(args, o.dest, None)
             if value is not None and value != o.default:
                 check_seconds(o.flag, value)
+
+
+def settings_values(value: Callable[[Option], Any], command: str) -> dict[str, Any]:
+    """conformance/settings.py `build`'s keyword arguments: `value(option)` for each option of
+    `command` that the settings read, by its dest."""
+    return {o.dest: value(o) for o in TABLE if command in o.commands and o.settings}
 
 
 def namespace(command: str) -> argparse.Namespace:

@@ -129,25 +129,17 @@ def settings(config: pytest.Config) -> Settings:
     if _settings_key in config.stash:
         return config.stash[_settings_key]
     try:
+        values = options.settings_values(
+            lambda o: _option(config, o.pytest_dest) if o.ini else config.getoption(o.pytest_dest),
+            options.PLUGIN)
         s = settings_mod.build(
-            profile=_option(config, "sbxc_profile"),
-            launcher=_option(config, "sbxc_launcher") or None,
-            as_user=config.getoption("sbxc_as_user"),
-            timeout=_option(config, "sbxc_launch_timeout") or config.getini("sbxc_timeout"),
-            perturb=config.getoption("sbxc_perturb") or (),
-            require=bool(config.getoption("sbxc_require")),
-            expected_skips=config.getoption("sbxc_expected_skips"),
-            host_cannot_observe=config.getoption("sbxc_host_cannot_observe"),
-            harness_leaf=bool(config.getoption("sbxc_harness_leaf")),
-            launcher_env=config.getoption("sbxc_launcher_env") or (),
-            layout_root=config.getoption("sbxc_layout_root"),
+            **{**values, "launcher": values["launcher"] or None,
+               "launch_timeout": values["launch_timeout"] or config.getini("sbxc_timeout")},
             # A sandbox's own test suite keeps the interface it was written against: the spec named in
             # the launcher's environment, the program on stdin. The `witness` command is where a
             # launch is made to look like a workload (docs/threat-model.md).
             launcher_spec=True,
             launcher_stdin=True,
-            only=config.getoption("sbxc_only") or (),
-            skip=config.getoption("sbxc_skip") or (),
         )
     except settings_mod.InvalidSettings as e:
         # The plugin's options carry the sbxc- prefix: name them as the user typed them.

@@ -179,7 +179,7 @@ def build(
     profile: str | None,
     launcher: str | None,
     as_user: str | None = None,
-    timeout: float | str | None = None,
+    launch_timeout: float | str | None = None,
     perturb: Iterable[str] = (),
     require: bool = False,
     expected_skips: str | None = None,
@@ -198,7 +198,7 @@ def build(
     # An empty value is a mistake (an unset variable in CI), never "the default" (issue 28).
     for flag, value in (("--profile", profile), ("--expected-skips", expected_skips),
                         ("--layout-root", layout_root), ("--as-user", as_user),
-                        ("--launch-timeout", timeout)):
+                        ("--launch-timeout", launch_timeout)):
         if value == "":
             raise InvalidSettings(f"{flag}: expected a value, got an empty string")
     try:
@@ -235,9 +235,9 @@ def build(
     except (OSError, ValueError) as e:
         raise InvalidSettings(f"--expected-skips: {e}") from None
     try:
-        seconds = float(timeout) if timeout is not None else 30.0
+        seconds = float(launch_timeout) if launch_timeout is not None else 30.0
     except ValueError:
-        raise InvalidSettings(f"--launch-timeout {timeout!r}: expected a number of seconds") from None
+        raise InvalidSettings(f"--launch-timeout {launch_timeout!r}: expected a number of seconds") from None
     seconds = check_seconds("--launch-timeout", seconds)
     if host_cannot_observe is not None and not host_cannot_observe.strip():
         raise InvalidSettings("--host-cannot-observe: say why the host cannot see the task")
