@@ -87,7 +87,7 @@ def test_the_watch_sees_a_dataclass_of_ours() -> None:
     seen doing so, so an empty list above means none was made, not that the watch was blind."""
     done, seen = _watched("mr-check", "--help")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert any(c.startswith("mrcheck.") for c in seen["ours"]), seen  # type: ignore[union-attr]
+    assert any(c.startswith("sandbox_conformance.mrcheck.") for c in seen["ours"]), seen  # type: ignore[union-attr]
 
 
 def test_a_copy_with_changes_keeps_the_checks_made_at_creation() -> None:
