@@ -19,8 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sandbox_conformance import conformance
-from sandbox_conformance.conformance import guard, handover, options, output, remedies
+from sandbox_conformance.conformance import guard, handover, options, output, remedies, witnesses
 from sandbox_conformance.conformance import settings as settings_mod
 from sandbox_conformance.conformance.launch import LauncherKind
 from sandbox_conformance.conformance.render import Row, family_of
@@ -40,8 +39,9 @@ from sandbox_conformance.processes.exits import (
     check_as_user,
 )
 
-# The witness tests ship inside the conformance package (pytest collects them by path).
-WITNESS_MODULE = Path(conformance.__file__).parent / "test_witnesses.py"
+# The witness suite ships inside the conformance package, one module per group of promise families
+# (conformance/witnesses/); pytest collects them by path, in the order they are named.
+WITNESS_MODULES = witnesses.PATHS
 AUTOLOAD_ENV = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
 MANY_PATHS = 500  # a profile with this many paths gets a line saying the run will take a while
 PERTURB_ENV = "SANDBOX_CONFORMANCE_PERTURB"  # comma-separated, for the negative controls (issue 6)
@@ -126,7 +126,7 @@ class _Collector:
                 outcome, detail = "error", f"{report.when} error: {_first_line(report)}"
         elif report.passed and report.when == "call" and r.outcome == "not_run":
             outcome = "passed"
-            if props.get("sbxc_view") == "task":  # conformance/test_witnesses.py _task_view
+            if props.get("sbxc_view") == "task":  # conformance/witnesses/_common.py _task_view
                 detail = TASK_VIEW_ONLY
         elif report.skipped and r.outcome in ("not_run", "passed"):
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
@@ -363,7 +363,7 @@ def _main(args: argparse.Namespace, out: output.WitnessOutput,
 
 
 def _pytest_argv(args: argparse.Namespace, junit: Path | None = None) -> list[str]:
-    """pytest's arguments for the witness session: the witness module, the plugins it needs and no
+    """pytest's arguments for the witness session: the witness modules, the plugins it needs and no
     others, no ini file of the caller's, per-test timeouts above the per-launch one, then the user's
     own arguments after `--`. `junit`: where pytest writes the JUnit XML (a temporary file beside
     --junitxml's, renamed into place once the run is over: outputs.commit)."""
@@ -375,7 +375,7 @@ def _pytest_argv(args: argparse.Namespace, junit: Path | None = None) -> list[st
     # change a verdict, and pytest does not read every installed distribution's metadata to find
     # plugins (bench/witness_bench.py measures the difference).
     argv = [
-        str(WITNESS_MODULE),
+        *map(str, WITNESS_MODULES),
         "-p",
         "pytest_timeout",
         "-p",
@@ -384,10 +384,12 @@ def _pytest_argv(args: argparse.Namespace, junit: Path | None = None) -> list[st
         *(() if args.junitxml else ("-p", "no:junitxml")),
         "-c",
         os.devnull,
+        # conformance/ as the rootdir: node ids read `witnesses/reach.py::test_...`
+        # (conformance/controls.py names them so).
         "--rootdir",
-        str(WITNESS_MODULE.parent),
+        str(witnesses.DIR.parent),
         "-o",
-        "python_files=test_witnesses.py",
+        "python_files=" + " ".join(witnesses.MODULES),
         "-o",
         f"timeout={int(args.launch_timeout) + 60}",
         # Plain asserts: every witness's assert carries its own message, naming what the task saw

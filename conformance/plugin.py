@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from _pytest._code.code import ExceptionRepr  # the failure report pytest's junitxml reads (7.2 to 9.x)
 
-from sandbox_conformance.conformance import options, promises, remedies
+from sandbox_conformance.conformance import options, promises, remedies, witnesses
 from sandbox_conformance.conformance import profile as profile_mod
 from sandbox_conformance.conformance import settings as settings_mod
 from sandbox_conformance.conformance.harness import WitnessSession
@@ -150,8 +150,8 @@ def settings(config: pytest.Config) -> Settings:
 
 
 def _active(config: pytest.Config) -> bool:
-    """A witness run: settings were handed over, an sbxc option was given, or the witness module
-    was named."""
+    """A witness run: settings were handed over, an sbxc option was given, or the witness suite (its
+    directory, a module of it, a test in one) was named."""
     if _settings_key in config.stash:
         return True
     if any(
@@ -162,7 +162,7 @@ def _active(config: pytest.Config) -> bool:
         return True
     if any(config.getini(n) for n in ("sbxc_profile", "sbxc_launcher")):
         return True  # pinned in the project's ini: a witness run too, and its header says so
-    return any("test_witnesses" in str(a) for a in config.args)
+    return any(witnesses.names_the_suite(str(a), config.invocation_params.dir) for a in config.args)
 
 
 def guard(config: pytest.Config) -> dict[str, Finding]:

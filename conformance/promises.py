@@ -1,6 +1,6 @@
 """The promise catalogue: every promise the witness suite can judge, by its stable id (issue 29).
 
-An id is the family a witness is marked with (`@witness("secrets")`, conformance/test_witnesses.py),
+An id is the family a witness is marked with (`@witness("secrets")`, conformance/witnesses/),
 the first word of its row in the report, the key of its entry in `--json`, and what
 `witness --only ID[,ID]` and `--skip ID[,ID]` take. Ids are stable: a renamed family breaks every
 script that selects it, so a new promise gets a new id and an old one keeps its own.

@@ -94,7 +94,7 @@ def family_of(label: str) -> str:
 
 def grouped(rows: Iterable[Row]) -> list[Row]:
     """The rows with each family's together, families in the order they first appear (a stable
-    regrouping: the witness module already keeps a family's witnesses side by side)."""
+    regrouping: the witness modules already keep a family's witnesses side by side, in one module)."""
     by: dict[str, list[Row]] = {}
     for row in rows:
         by.setdefault(family_of(row[0]), []).append(row)

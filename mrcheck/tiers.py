@@ -50,7 +50,7 @@ FAILURE_LINES = 30   # promise lines kept for a red tier; the rest are counted
 LINE_CHARS = 400     # a BROKEN line quotes what the task saw, which can be long
 
 # pytest selection of the cgroup witnesses inside the witness suite (each is marked `cgroup`,
-# conformance/test_witnesses.py). None would mean a suite without cgroup witnesses: a `cgroup` tier
+# conformance/witnesses/limits.py). None would mean a suite without cgroup witnesses: a `cgroup` tier
 # then refuses instead of running a suite that would not test what the tier promises, because
 # mr-check never reports green for a tier that did not run.
 CGROUP_SELECTION: tuple[str, ...] = ("-m", "cgroup")

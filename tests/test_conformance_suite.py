@@ -140,7 +140,7 @@ def launcher_script(tmp_path: Path) -> Path:
 @pytest.fixture
 def no_limits_profile(tmp_path: Path) -> Path:
     """The reference profile without [limits]: the test launcher below applies no cgroup limits, and a
-    launcher that promises limits it does not apply goes red on them (conformance/test_witnesses.py)."""
+    launcher that promises limits it does not apply goes red on them (conformance/witnesses/limits.py)."""
     from importlib import resources
 
     text = (resources.files("sandbox_conformance.conformance") / "profiles" / "reference.toml").read_text()
@@ -466,7 +466,7 @@ def test_the_expected_skips_file_must_equal_the_skipped_set(
 ) -> None:
     f = tmp_path / "skips.txt"
     f.write_text(
-        "".join(f"conformance/test_witnesses.py::{t} | the witness would be vacuous\n" for t in listed)
+        "".join(f"witnesses/paths.py::{t} | the witness would be vacuous\n" for t in listed)
     )
     done = witness("--profile", str(gated_profile), "--require", "--expected-skips", str(f))
     assert done.returncode == rc, done.stdout + done.stderr[-2000:]
@@ -541,7 +541,7 @@ def test_an_expected_skip_listed_with_another_reason_fails_the_run(
     reference_ready: None, gated_profile: Path, tmp_path: Path
 ) -> None:
     f = tmp_path / "skips.txt"
-    f.write_text(f"conformance/test_witnesses.py::{SKIPPED} | no cgroup root here\n")
+    f.write_text(f"witnesses/paths.py::{SKIPPED} | no cgroup root here\n")
     done = witness("--profile", str(gated_profile), "--require", "--expected-skips", str(f))
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
     assert "skipped for another reason than listed" in done.stdout

@@ -6,6 +6,8 @@ The XML is shaped like pytest's own junitxml output (a <testcase> with <properti
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
 import xml.sax.saxutils as sx
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -13,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from sandbox_conformance.commands import controls as controls_cmd
-from sandbox_conformance.conformance import bwrap_argv, controls
+from sandbox_conformance.conformance import bwrap_argv, controls, witnesses
 from sandbox_conformance.conformance import controls_judge as j
-from sandbox_conformance.conformance import test_witnesses as witness_module
 from sandbox_conformance.conformance.controls import Collateral, Control, Needs
 from sandbox_conformance.conformance.controls_judge import ControlOutcome, ControlStatus
 from sandbox_conformance.processes.exits import EXIT_FAIL, EXIT_OK, Refusal, UsageError
@@ -27,7 +28,7 @@ A, B, C, D = "test_a[x]", "test_b", "test_c", "test_d"
 def case(name: str, body: str = "", **props: str) -> str:
     p = "".join(f'<property name="{k}" value={sx.quoteattr(v)} />' for k, v in props.items())
     return (
-        f'<testcase classname="test_witnesses" name={sx.quoteattr(name)} time="0.001">'
+        f'<testcase classname="witnesses.paths" name={sx.quoteattr(name)} time="0.001">'
         f'<properties><property name="sbxc_family" value="f" />{p}</properties>{body}</testcase>'
     )
 
@@ -59,7 +60,7 @@ def control(reddens: Sequence[str] = (A,), collateral: Sequence[Collateral] = ()
     return Control(
         "synthetic",
         "one thing",
-        reddens=tuple(f"test_witnesses.py::{t}" for t in reddens),
+        reddens=tuple(f"witnesses/paths.py::{t}" for t in reddens),
         perturb="mask_dropped",
         collateral=tuple(collateral),
     )
@@ -147,7 +148,7 @@ def test_a_control_with_unexpected_collateral_fails_naming_the_collateral() -> N
 
 
 def test_a_control_with_declared_collateral_is_ok_and_reports_what_it_saw() -> None:
-    c = control(collateral=[Collateral(f"test_witnesses.py::{B}", "same mount")])
+    c = control(collateral=[Collateral(f"witnesses/paths.py::{B}", "same mount")])
     v = verdict(c, case(A, assertion()), case(B, assertion()), case(C), case(D))
     assert v.status is ControlStatus.ok and v.collateral_seen == (B,)
 
@@ -191,8 +192,8 @@ def test_a_baseline_that_could_not_run_is_told_apart_from_a_red_one() -> None:
 def test_coverage_lists_each_witness_as_controlled_justified_or_neither() -> None:
     baseline = j.parse_junit(junit(case(A), case(B), case(C), case(D, SKIP), case("test_e")))
     c1 = control(reddens=(A,))
-    c2 = Control("c2", "other", reddens=("test_witnesses.py::test_e",), perturb="ipc_shared")
-    unrun = Control("c3", "not chosen", reddens=("test_witnesses.py::test_c",), perturb="uts_shared")
+    c2 = Control("c2", "other", reddens=("witnesses/paths.py::test_e",), perturb="ipc_shared")
+    unrun = Control("c3", "not chosen", reddens=("witnesses/paths.py::test_c",), perturb="uts_shared")
     verdicts = {
         "synthetic": j.ControlVerdict("synthetic", ControlStatus.ok, reddened=(A,)),
         "c2": j.ControlVerdict("c2", ControlStatus.failed, ("test_e: left green",)),
@@ -215,7 +216,24 @@ def test_every_catalogue_control_names_real_witnesses_and_real_perturbations() -
         assert c.reddens, c.name
         assert c.perturb is None or c.perturb in bwrap_argv.PERTURBATIONS, c.name
         for t in (*c.reddens, *(x.test for x in c.collateral)):
-            assert callable(getattr(witness_module, controls.key(t).split("[")[0], None)), t
+            # `witnesses/MODULE.py::test_x[param]`: the module of the suite that defines test_x.
+            path, sep, name = t.partition("::")
+            assert sep and path.startswith("witnesses/") and path.endswith(".py"), t
+            module = importlib.import_module("sandbox_conformance.conformance." + path[:-3].replace("/", "."))
+            assert callable(getattr(module, name.split("[")[0], None)), t
+
+
+def test_the_controls_table_of_the_suite_lists_every_witness_where_it_is_defined() -> None:
+    """controls.SUITE against the modules' own source (every `test_` function of each module)."""
+    suite = Path(witnesses.__file__).parent
+    defined = {
+        p.stem: tuple(n.name for n in ast.parse(p.read_text()).body
+                      if isinstance(n, ast.FunctionDef) and n.name.startswith("test_"))
+        for p in witnesses.PATHS
+    }
+    assert dict(controls.SUITE) == defined
+    modules = sorted(p.name for p in suite.glob("*.py") if not p.name.startswith("_"))
+    assert modules == sorted(witnesses.MODULES), "a module of the suite that `witness` would not run"
 
 
 def test_every_perturbation_of_the_reference_launcher_has_a_control() -> None:
@@ -273,8 +291,8 @@ def _execute(witness: FakeWitness, chosen: Sequence[Control], **kw: object) -> c
 
 
 def test_the_command_exits_0_when_every_control_behaves_and_1_naming_one_that_does_not() -> None:
-    good = Control("good", "x", reddens=(f"test_witnesses.py::{A}",), perturb="ipc_shared")
-    bad = Control("bad", "y", reddens=(f"test_witnesses.py::{B}",), perturb="uts_shared")
+    good = Control("good", "x", reddens=(f"witnesses/paths.py::{A}",), perturb="ipc_shared")
+    bad = Control("bad", "y", reddens=(f"witnesses/paths.py::{B}",), perturb="uts_shared")
     fake = FakeWitness(
         {
             (): junit(case(A), case(B)),
@@ -301,7 +319,7 @@ def test_the_command_refuses_with_75_when_the_baseline_cannot_run() -> None:
 
 
 def test_a_full_run_fails_when_a_witness_is_neither_controlled_nor_justified() -> None:
-    good = Control("good", "x", reddens=(f"test_witnesses.py::{A}",), perturb="ipc_shared")
+    good = Control("good", "x", reddens=(f"witnesses/paths.py::{A}",), perturb="ipc_shared")
     fake = FakeWitness(
         {
             (): junit(case(A), case(B)),
@@ -367,9 +385,9 @@ def test_the_cgroup_tree_control_needs_a_root_and_root_tasks() -> None:
 def test_the_unsandboxed_baseline_does_not_require_the_harness_enforced_cgroup_witnesses_red() -> None:
     leaf = "test_the_task_runs_in_its_own_cgroup_leaf"
     assert leaf in controls.HARNESS_ENFORCED
-    c = controls.unsandboxed([f"test_witnesses.py::{leaf}", f"test_witnesses.py::{A}"], {})
+    c = controls.unsandboxed([f"witnesses/limits.py::{leaf}", f"witnesses/paths.py::{A}"], {})
     assert [controls.key(t) for t in c.reddens] == [A]
-    assert [controls.key(x.test) for x in c.collateral] == [leaf]
+    assert [x.test for x in c.collateral] == [f"witnesses/limits.py::{leaf}"]  # named where it lives
 
 
 def test_a_not_applicable_control_is_not_run() -> None:

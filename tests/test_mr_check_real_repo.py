@@ -250,8 +250,8 @@ RED_STDERR = textwrap.dedent("""\
 
     -- Docs: https://docs.pytest.org/en/stable/how-to/capture-warnings.html
     =========================== short test summary info ============================
-    ERROR conformance/test_witnesses.py::test_the_task_sees_only_the_loopback_interface
-    FAILED conformance/test_witnesses.py::test_a_masked_directory_is_an_empty_read_only_tmpfs[{state}/db]
+    ERROR witnesses/network.py::test_the_task_sees_only_the_loopback_interface
+    FAILED witnesses/paths.py::test_a_masked_directory_is_an_empty_read_only_tmpfs[{state}/db]
     ======================== 1 failed, 2 errors in 1.24s ========================
     sandbox-conformance: FAIL mode=native exit=1 time=1.9s
 """)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from witness_cli import witness
 
-from sandbox_conformance.conformance import adapters, profile, promises, remedies, render
+from sandbox_conformance.conformance import adapters, profile, promises, remedies, render, witnesses
 from sandbox_conformance.conformance import settings as settings_mod
 from sandbox_conformance.conformance.launch import REFERENCE, external
 from sandbox_conformance.conformance.profile import NetworkMode
@@ -25,14 +25,15 @@ from sandbox_conformance.conformance.settings import Settings
 from sandbox_conformance.runners.witness_args import WitnessOptions
 
 REPO = Path(__file__).resolve().parent.parent
-WITNESS_MODULE = REPO / "conformance" / "test_witnesses.py"
+WITNESS_DIR = REPO / "conformance" / "witnesses"
+WITNESS_MODULES = [WITNESS_DIR / m for m in witnesses.MODULES]
 
 
 def suite_families() -> dict[str, list[str]]:
-    """family -> the witness tests marked with it, read from the module's source (no pytest, no
+    """family -> the witness tests marked with it, read from the modules' source (no pytest, no
     profile: an oracle independent of the plugin's collection)."""
     out: dict[str, list[str]] = {}
-    for node in ast.walk(ast.parse(WITNESS_MODULE.read_text())):
+    for node in (n for m in WITNESS_MODULES for n in ast.walk(ast.parse(m.read_text()))):
         if not isinstance(node, ast.FunctionDef):
             continue
         for d in node.decorator_list:
@@ -298,8 +299,8 @@ def test_the_pytest_plugin_takes_only_and_puts_the_remedy_in_junit(
     tmp_path: Path, root_only: None, bwrap_path: str
 ) -> None:
     junit = tmp_path / "j.xml"
-    base = [sys.executable, "-m", "pytest", str(WITNESS_MODULE), "-c", os.devnull, "--rootdir",
-            str(WITNESS_MODULE.parent), "-p", "no:cacheprovider", "-p", "no:randomly", "-q"]
+    base = [sys.executable, "-m", "pytest", *map(str, WITNESS_MODULES), "-c", os.devnull, "--rootdir",
+            str(WITNESS_DIR.parent), "-p", "no:cacheprovider", "-p", "no:randomly", "-q"]
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     done = subprocess.run([*base, "--sbxc-only", "secrets", "--sbxc-perturb", "secret_in_init",
                            "--junitxml", str(junit)], cwd=tmp_path, text=True, capture_output=True,

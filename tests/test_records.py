@@ -112,10 +112,10 @@ def test_every_witness_assert_says_what_the_task_saw() -> None:
     type for mypy (`x is not None` on the harness's own values) may go without one."""
     import ast
 
-    path = REPO / "conformance" / "test_witnesses.py"
-    src = path.read_text()
     bare = [
-        f"line {n.lineno}: {ast.get_source_segment(src, n)}"
+        f"{path.name} line {n.lineno}: {ast.get_source_segment(src, n)}"
+        for path in sorted((REPO / "conformance" / "witnesses").glob("*.py"))
+        for src in [path.read_text()]
         for n in ast.walk(ast.parse(src))
         if isinstance(n, ast.Assert) and n.msg is None
         and not (isinstance(n.test, ast.Compare) and isinstance(n.test.ops[0], ast.IsNot)

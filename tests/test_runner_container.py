@@ -43,12 +43,12 @@ ENV_ROOT = "SANDBOX_CONFORMANCE_CGROUP_ROOT"
 CGROUP_FAMILIES = frozenset({"cgroup", "memory_max", "pids_max"})
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-# Collects the witness module the way `sandbox-conformance witness` does (reference profile: families it
+# Collects the witness modules the way `sandbox-conformance witness` does (reference profile: families it
 # does not promise are deselected) and prints each witness's node id and family; runs nothing.
 COLLECT = """\
 import json, os, sys
 import pytest
-from sandbox_conformance.commands.witness import WITNESS_MODULE
+from sandbox_conformance.conformance import witnesses
 
 class Families:
     def __init__(self): self.found = []
@@ -59,8 +59,8 @@ class Families:
                 self.found.append([item.nodeid, str(m.args[0])])
 
 f = Families()
-argv = [str(WITNESS_MODULE), "-p", "no:randomly", "-p", "no:cacheprovider", "-c", os.devnull,
-        "--rootdir", str(WITNESS_MODULE.parent), "-o", "python_files=test_witnesses.py",
+argv = [*map(str, witnesses.PATHS), "-p", "no:randomly", "-p", "no:cacheprovider", "-c", os.devnull,
+        "--rootdir", str(witnesses.DIR.parent), "-o", "python_files=" + " ".join(witnesses.MODULES),
         "--collect-only", "-q"]
 if not any(ep.value == "sandbox_conformance.conformance.plugin"
            for ep in __import__("importlib.metadata").metadata.entry_points(
