@@ -157,6 +157,8 @@ def run_command(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         except Refusal as e:
             print(f"sandbox-conformance {args.command}: refused: {e.reason}", file=sys.stderr)
+            for why in e.because:
+                print(f"  because: {why}", file=sys.stderr)
             for way in e.ways_on:
                 print(f"  way on: {way}", file=sys.stderr)
             return EXIT_UNAVAILABLE

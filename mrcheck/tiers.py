@@ -191,7 +191,13 @@ def failure_lines(lines: Iterable[str]) -> tuple[str, ...]:
     left untested), then every promise line that says BROKEN, then the witness summary line.
 
     These are the witness command's own stdout lines (commands/witness.py); pytest's report around
-    them (ids, warnings) says less and comes last, in the tail."""
+    them (ids, warnings) says less and comes last, in the tail.
+
+    Still prose, not yet the witness's JSON (issue 30): a tier's run writes no witness report (a
+    `--json` path in its argv would be shown as the tier's command and named to the sweep, and a
+    container or VM run writes one per leg). The way there: `run` gives its witness a scratch
+    `--json` when a verdict document is asked for, and runners/run_verdict.py carries each leg's
+    promise rows and summary line (a schema change), which this then reads."""
     harness: dict[str, int] = {}
     broken: dict[str, None] = {}
     summary = None

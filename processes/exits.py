@@ -1,5 +1,10 @@
 """Exit codes, and the two exceptions CLI code raises for bad input and refusals: commands/cli.py
-turns them into exit 2 and 75 with one line (and the ways on), so no subcommand prints a traceback."""
+turns them into exit 2 and 75 with one line (and the ways on), so no subcommand prints a traceback.
+
+`Refusal` is the one shape of "did not run, with the reason" (issue 30): a mode that cannot be used
+(runners/container.py ContainerUnusable, runners/vm/qemu.py VmUnusable are kinds of it), a refused
+decision at its boundary (runners/decide.py Decision.chosen), a launcher that says its sandbox cannot
+run here. `run` catches its own to write them into its verdict document (runners/orchestrate.py)."""
 
 from __future__ import annotations
 
@@ -30,10 +35,11 @@ class UsageError(Exception):
 class Refusal(Exception):
     """Running here would be unsafe or meaningless: exit 75 with the reason and the ways on."""
 
-    def __init__(self, reason: str, ways_on: Sequence[str] = ()) -> None:
+    def __init__(self, reason: str, ways_on: Sequence[str] = (), *, because: Sequence[str] = ()) -> None:
         super().__init__(reason)
         self.reason = reason
         self.ways_on = tuple(ways_on)
+        self.because = tuple(because)  # further reasons (a refused decision's), said after the first
 
 
 def check_as_user(name: str | None, *, how: str = "tasks are launched through setpriv",

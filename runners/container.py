@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sandbox_conformance.kernel.cgroupfs import PROMISE_ENV
 from sandbox_conformance.processes import cancel, owner
-from sandbox_conformance.processes.exits import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+from sandbox_conformance.processes.exits import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, Refusal
 from sandbox_conformance.processes.run import Completed, run
 from sandbox_conformance.runners.progress import HEARTBEAT, Progress, result_word
 from sandbox_conformance.runners.witness_args import WitnessOptions
@@ -53,12 +53,9 @@ SETUP_ARGV = (f"{IMAGE_VENV}/bin/python", "-m", "sandbox_conformance.runners.cgr
 SETUP_TIMEOUT = 60
 
 
-class ContainerUnusable(Exception):
-    """The container could not be prepared (build, start, install): nothing was tested."""
-
-    def __init__(self, message: str, ways_on: Sequence[str] = ()) -> None:
-        super().__init__(message)
-        self.ways_on = tuple(ways_on)
+class ContainerUnusable(Refusal):
+    """The container could not be prepared (build, start, install): nothing was tested. A Refusal
+    (processes/exits.py): the message is the reason, with the ways on."""
 
 
 @dataclasses.dataclass(frozen=True)

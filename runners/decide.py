@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from sandbox_conformance.probes.finding import Finding, Verdict
+from sandbox_conformance.processes.exits import Refusal
 
 # Where the deployment probe looks for a signature; said in the note when none is configured.
 SIGNATURE_HINT = ("declare one in /etc/sandbox-conformance/deployment.toml, "
@@ -108,6 +109,13 @@ class Decision(NamedTuple):
     @property
     def reason(self) -> str:
         return self.reasons[0] if self.reasons else ""
+
+    def chosen(self) -> Mode:
+        """The mode to run in; a refused decision raises its Refusal (processes/exits.py), the one shape
+        a "did not run" leaves by: the reason, the further reasons as `because`, the ways on."""
+        if self.mode is None:
+            raise Refusal(self.reason, self.ways_on, because=self.reasons[1:])
+        return self.mode
 
 
 def _missing(probe: str) -> Finding:

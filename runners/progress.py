@@ -11,7 +11,7 @@ what a script reads stays what it was.
     ...
     boot.end("kvm")
 
-commands/run.py makes the one Progress of a run and hands it down; a runner that was given none uses
+runners/orchestrate.py makes the one Progress of a run and hands it down; a runner that was given none uses
 `Progress.off()`, so its stages cost nothing and print nothing.
 
 A heartbeat (`PROG: STAGE: 30s so far`) says a long, silent stage is still alive. Only the innermost
@@ -37,7 +37,7 @@ HEARTBEAT = 30.0
 
 
 def result_word(code: int | None) -> str:
-    """A witness run's exit code as the word the verdict line uses (commands/run.py), for a stage's
+    """A witness run's exit code as the word the verdict line uses (runners/run_verdict.py), for a stage's
     end: None is a run that was stopped at its timeout."""
     if code is None:
         return "timed out"

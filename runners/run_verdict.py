@@ -15,15 +15,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from sandbox_conformance.processes import cancel
+from sandbox_conformance.processes.exits import EXIT_UNAVAILABLE, VERDICT_WORDS, Refusal
 
 VERSION = 1
 FLAG = "--verdict-json"
 ENV = "SANDBOX_CONFORMANCE_VERDICT_JSON"  # the environment form of FLAG
-# The words of the verdict line (commands/run.py), then KILLED-<SIGNAL> (processes/cancel.py).
+# The words of the verdict line (Verdict.done), then KILLED-<SIGNAL> (processes/cancel.py).
 WORDS = ("PASS", "FAIL", "REFUSED", "ERROR")
 
 
@@ -92,3 +97,71 @@ def read(path: str | Path) -> RunVerdict | None:
         return RunVerdict.from_json(json.loads(Path(path).read_text()))
     except (OSError, ValueError):
         return None
+
+
+class Verdict:
+    """How this run is ending, as it goes: prints the one verdict line, whatever path the run leaves by
+    (a cancelled run's is printed by processes/cancel.py, with the mode known at that moment), and
+    writes the same as a RunVerdict document for --verdict-json, with the refusal's reason and ways on.
+    Not a record: the mode, the reason and the notes are set as the run learns them."""
+
+    __slots__ = ("_mode", "because", "notes", "path", "reason", "requested", "say", "started", "ways_on")
+
+    def __init__(self, requested: str, path: str | None, say: Callable[[str], None]) -> None:
+        self.started = time.monotonic()
+        self.requested = requested
+        self.mode = requested
+        self.path = path
+        self.say = say  # one line of the command's, on stderr
+        self.reason: str | None = None
+        self.because: tuple[str, ...] = ()
+        self.ways_on: tuple[str, ...] = ()
+        self.notes: tuple[str, ...] = ()
+
+    def refused(self, e: Refusal) -> None:
+        """Say a Refusal (its reason, the further reasons, each way on); the first said is the run's."""
+        self.say(f"refused: {e.reason}")
+        for r in e.because:
+            self.say(f"  because: {r}")
+        for w in e.ways_on:
+            self.say(f"  way on: {w}")
+        if self.reason is None:
+            self.reason, self.because = e.reason, e.because
+        self.ways_on += e.ways_on
+
+    def killed(self, exc: cancel.Cancelled) -> None:
+        """A cancelled run's document; processes/cancel.py prints its line once the clean-up is done."""
+        seconds = time.monotonic() - self.started
+        word = f"KILLED-{exc.name}"
+        self._write(word, exc.exit_code, seconds,
+                    f"sandbox-conformance: {word} mode={self.mode} exit={exc.exit_code} time={seconds:.1f}s")
+
+    def _write(self, word: str, code: int, seconds: float, line: str) -> None:
+        if self.path is None:
+            return
+        doc = RunVerdict(word, self.mode, self.requested, code, seconds, line, self.reason,
+                         self.because, self.ways_on, self.notes)
+        try:
+            write(self.path, doc)
+        except OSError as e:
+            self.say(f"{FLAG} {self.path}: not written: {e.strerror}")
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: str) -> None:
+        self._mode = mode
+        cancel.set_label(mode)
+
+    def done(self, code: int, word: str | None = None) -> int:
+        word = word or VERDICT_WORDS.get(code, "ERROR")
+        if code == EXIT_UNAVAILABLE and self.reason is None:
+            # The witness child refused on its own (its stderr is the user's, not ours to read).
+            self.reason = "the witness command did not run: its own `refused:` line above says why"
+        seconds = time.monotonic() - self.started
+        line = f"sandbox-conformance: {word} mode={self.mode} exit={code} time={seconds:.1f}s"
+        self._write(word, code, seconds, line)
+        print(line, file=sys.stderr, flush=True)
+        return code

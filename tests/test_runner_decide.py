@@ -326,3 +326,30 @@ def test_a_stray_marker_is_no_container_for_the_decision() -> None:
     stray = (ND, {"os": "Debian", "kernel": "6.18.0", "wsl": None, "container": None, "conflict": True})
     d = decide(Request(), host(platform=stray))
     assert d.mode is Mode.native and not any("container" in r for r in d.reasons)
+
+
+def test_a_refused_decision_leaves_as_the_one_refusal_with_its_reasons_and_ways_on() -> None:
+    """Issue 30: one shape for "did not run": the decision stays data, its boundary raises Refusal."""
+    from sandbox_conformance.processes.exits import Refusal
+
+    d = Decision(None, ("the reason", "a further one"), ("a way on",))
+    with pytest.raises(Refusal) as e:
+        d.chosen()
+    assert e.value.reason == "the reason"
+    assert (e.value.because, e.value.ways_on) == (("a further one",), ("a way on",))
+    assert Decision(Mode.native, ("why",)).chosen() is Mode.native
+
+
+def test_every_mode_a_decision_can_choose_is_behind_the_one_interface() -> None:
+    from sandbox_conformance.runners.modes import MODES
+
+    assert set(MODES) == set(Mode) - {Mode.auto}
+
+
+def test_a_mode_that_cannot_be_used_is_a_refusal() -> None:
+    from sandbox_conformance.processes.exits import Refusal
+    from sandbox_conformance.runners.container import ContainerUnusable
+    from sandbox_conformance.runners.vm.qemu import VmUnusable
+
+    assert issubclass(ContainerUnusable, Refusal) and issubclass(VmUnusable, Refusal)
+    assert ContainerUnusable("no image", ("build it",)).ways_on == ("build it",)

@@ -1,15 +1,16 @@
 """`run --mode vm`, host side: boot the VM once, run runners/vm/suite.py inside, bring the verdict,
 the output and the reports back.
 
-    code = run_vm(options, timeout=args.timeout, say=_say, progress=progress)   # commands/run.py
+    code = run_vm(options, timeout=args.timeout, say=say, progress=progress)   # runners/modes.py
 
 On a terminal (`progress`), the long steps are stages: the image build when it is not cached, the
 boot, and in the guest the cgroup set-up, each leg with its verdict word, the controls
 (runners/vm/qemu.py follows what runners/vm/suite.py announces).
 
 Exit code: the guest's combined code (0 green, 1 red, 2 bad input, 75 nothing ran); 75 as well when the
-VM itself could not be used (no qemu, no image, the guest never started the command), since nothing
-was tested; 1 when the suite started but the VM had to be killed (a timeout is red, never a pass).
+guest never started the command, since nothing was tested; 1 when the suite started but the VM had to
+be killed (a timeout is red, never a pass). A VM that cannot be used at all (no qemu, no image) raises
+its Refusal (processes/exits.py; qemu.py VmUnusable is one) with the reason.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from sandbox_conformance.processes import owner
-from sandbox_conformance.processes.exits import EXIT_FAIL, EXIT_UNAVAILABLE
+from sandbox_conformance.processes.exits import EXIT_FAIL, EXIT_UNAVAILABLE, Refusal
 from sandbox_conformance.processes.run import minimal_env
 from sandbox_conformance.runners.progress import HEARTBEAT, Progress
 from sandbox_conformance.runners.vm import image as vm_image
@@ -137,8 +138,7 @@ def run_vm(options: WitnessOptions, *, timeout: float, say: Callable[[str], None
     try:
         image = prepare_image(progress)
     except vm_image.ImageNotBuilt as e:
-        say(f"refused: VM image: {e} (scripts/vm-deps builds it)")
-        return EXIT_UNAVAILABLE
+        raise Refusal(f"VM image: {e} (scripts/vm-deps builds it)") from None
     leg_specs = legs(options)
     # /var/tmp: on the host's / (never a tmpfs the guest would not see through 9p), and outside /run.
     # The owner's stamp in the name: a run that is SIGKILLed leaves this behind (qemu dies with it),
@@ -149,19 +149,16 @@ def run_vm(options: WitnessOptions, *, timeout: float, say: Callable[[str], None
         opts, reports = inside_options(options, workdir)
         summary = workdir / "summary.json"
         guest_controls = workdir / "out-controls.json"
-        try:
-            accel = vm.select_accel(image)
-            argv = guest_argv(opts, leg_specs=leg_specs, summary=summary, timeout=timeout, controls=controls,
-                              controls_json=guest_controls, launch_timeout=launch_timeout(accel))
-            labels = ", ".join(s.split(":")[0] for s in leg_specs)
-            say(f"vm: booting {image.kernel_version} under {accel}, legs: {labels}")
-            runs = len(leg_specs) + (1 if controls else 0)
-            result = vm.run_in_vm(argv, workdir=workdir, timeout=timeout * runs, cwd=str(REPO),
-                                  env=guest_env(environ), image=image, accel=accel,
-                                  live=(sys.stdout, sys.stderr), progress=progress)
-        except vm.VmUnusable as e:
-            say(f"refused: {e}")
-            return EXIT_UNAVAILABLE
+        # No qemu, a workdir the guest cannot share: VmUnusable, a Refusal, goes up to the run.
+        accel = vm.select_accel(image)
+        argv = guest_argv(opts, leg_specs=leg_specs, summary=summary, timeout=timeout, controls=controls,
+                          controls_json=guest_controls, launch_timeout=launch_timeout(accel))
+        labels = ", ".join(s.split(":")[0] for s in leg_specs)
+        say(f"vm: booting {image.kernel_version} under {accel}, legs: {labels}")
+        runs = len(leg_specs) + (1 if controls else 0)
+        result = vm.run_in_vm(argv, workdir=workdir, timeout=timeout * runs, cwd=str(REPO),
+                              env=guest_env(environ), image=image, accel=accel,
+                              live=(sys.stdout, sys.stderr), progress=progress)
         for spec in leg_specs:
             label = spec.split(":")[0]
             for inside, host in reports.items():

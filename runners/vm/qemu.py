@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import IO
 
 from sandbox_conformance.processes import owner
+from sandbox_conformance.processes.exits import Refusal
 from sandbox_conformance.processes.run import Runner, minimal_env, run
 from sandbox_conformance.runners.progress import HEARTBEAT, Progress, Stage
 from sandbox_conformance.runners.vm import image as vm_image
@@ -75,8 +76,9 @@ class Accel(enum.StrEnum):
     tcg = "tcg"  # qemu's software emulation: slow, but needs nothing from the host's hypervisor
 
 
-class VmUnusable(Exception):
-    """The VM could not be used at all (no qemu, no image, bad workdir): one line."""
+class VmUnusable(Refusal):
+    """The VM could not be used at all (no qemu, no image, bad workdir): one line, the Refusal's reason
+    (processes/exits.py)."""
 
 
 @dataclasses.dataclass(frozen=True)
