@@ -141,8 +141,12 @@ def test_the_prefixes_swept_are_the_ones_the_modules_create() -> None:
     from sandbox_conformance.conformance.adapters import srt
     from sandbox_conformance.mrcheck import tiers as mr_tiers
 
+    from sandbox_conformance.probes import container_engine
+
     for prefix, const, where in ((srt.OWN_PREFIX, "OWN_PREFIX", "conformance/adapters/srt.py"),
-                                 (mr_tiers.SCRATCH_PREFIX, "SCRATCH_PREFIX", "mrcheck/tiers.py")):
+                                 (mr_tiers.SCRATCH_PREFIX, "SCRATCH_PREFIX", "mrcheck/tiers.py"),
+                                 (container_engine.SCRATCH_PREFIX, "SCRATCH_PREFIX",
+                                  "probes/container_engine.py")):
         made = (REPO / where).read_text()
         assert swept(prefix) and f'prefix=f"{{{const}}}{{owner.stamp()}}' in made, prefix
     # Not ours, so never swept: another tool's name, our prefix without a stamp, a stamp alone.
