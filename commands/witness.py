@@ -123,7 +123,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="`test id | reason` lines: fail unless the skipped witnesses are exactly these",
     )
     p.add_argument(
-        "--timeout", type=float, default=30.0, metavar="SECONDS", help="per task launch (default 30)"
+        "--timeout", type=float, default=None, metavar="SECONDS",
+        help="per task launch (default 30; 120 in a TCG guest)"
     )
     p.add_argument(
         "--host-cannot-observe",
@@ -477,7 +478,7 @@ def _pytest_argv(args: argparse.Namespace, junit: Path | None = None) -> list[st
         "-o",
         "python_files=test_witnesses.py",
         "-o",
-        f"timeout={int(args.timeout) + 60}",
+        f"timeout={int(args.timeout if args.timeout is not None else settings_mod.default_timeout()) + 60}",
         # Plain asserts: every witness's assert carries its own message, naming what the task saw
         # (tests/test_records.py checks), and that first line is the verdict's detail either way;
         # rewriting added a hook to every import and a wrapper to every test: ~15 ms of a witness

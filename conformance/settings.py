@@ -36,6 +36,25 @@ class InvalidSettings(ValueError):
     """One line naming the option and what was expected."""
 
 
+# Per task launch, for a native host. In a TCG guest (qemu without KVM: every instruction translated)
+# a launch is 10-20x slower, more beside busy loops: 30 s ran out in the systemd lab's `run --delegate`
+# leg (reference launcher: "timed out after 32.6s", issue 28). 120 s is the VM mode's own for TCG
+# (runners/vm/mode.py LAUNCH_TIMEOUT), which passes it as --timeout; a `run` inside the guest passes none.
+LAUNCH_TIMEOUT = 30.0
+TCG_LAUNCH_TIMEOUT = 120.0
+TCG_MODEL = "QEMU TCG CPU"  # qemu's model-id for -cpu max under TCG (target/i386/cpu.c)
+
+
+def default_timeout(cpuinfo: Path = Path("/proc/cpuinfo")) -> float:
+    """The per-launch timeout when none is given: TCG_LAUNCH_TIMEOUT in a TCG guest, else LAUNCH_TIMEOUT."""
+    try:
+        with open(cpuinfo, errors="replace") as f:
+            head = f.read(4096)  # the first CPU's block names the model
+    except OSError:
+        return LAUNCH_TIMEOUT
+    return TCG_LAUNCH_TIMEOUT if TCG_MODEL in head else LAUNCH_TIMEOUT
+
+
 class Settings(NamedTuple):
     """One witness run's settings, checked once by `build` and frozen. `witness` and a plain pytest run
     each make one the same way and hand it to the pytest plugin."""
@@ -235,7 +254,7 @@ def build(
     except (OSError, ValueError) as e:
         raise InvalidSettings(f"--expected-skips: {e}") from None
     try:
-        seconds = float(timeout) if timeout is not None else 30.0
+        seconds = float(timeout) if timeout is not None else default_timeout()
     except ValueError:
         raise InvalidSettings(f"--timeout {timeout!r}: expected a number of seconds") from None
     seconds = check_seconds("--timeout", seconds)

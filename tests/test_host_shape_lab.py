@@ -639,3 +639,21 @@ def test_the_systemd_guests_adapter_launches_get_the_accelerators_launch_timeout
     argv = script.adapter_argv("/cli", "/out", seconds)
     assert argv[:4] == ["/cli", "witness", "--adapter", "systemd-run"]
     assert float(argv[argv.index("--timeout") + 1]) == seconds, argv
+
+
+@pytest.mark.parametrize(("model", "seconds"), [
+    ("QEMU TCG CPU version 2.5+", 120.0),  # qemu -accel tcg -cpu max: the lab's guest
+    ("Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", 30.0),  # KVM's -cpu host, and a native host
+])
+def test_a_witness_with_no_timeout_given_gives_a_tcg_guests_launches_the_vm_modes_time(
+    tmp_path: Path, model: str, seconds: float
+) -> None:
+    """`run --delegate` in the systemd guest passes no per-launch timeout: its launches ran out at the
+    native 30 s (issue 28). The default now reads the CPU's model, as the VM mode's table has it."""
+    from sandbox_conformance.conformance import settings
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: {model}\n")
+    assert settings.default_timeout(cpuinfo) == seconds
+    assert vm_mode.LAUNCH_TIMEOUT[vm.Accel.tcg] == settings.TCG_LAUNCH_TIMEOUT
+    assert settings.default_timeout(tmp_path / "none") == settings.LAUNCH_TIMEOUT
