@@ -391,7 +391,8 @@ def _pytest_argv(args: argparse.Namespace, junit: Path | None = None) -> list[st
         "-o",
         "python_files=" + " ".join(witnesses.MODULES),
         "-o",
-        f"timeout={int(args.launch_timeout) + 60}",
+        # pytest's own per-test bound, above the per-launch one (a TCG guest's default is longer).
+        f"timeout={int(args.launch_timeout or settings_mod.default_timeout()) + 60}",
         # Plain asserts: every witness's assert carries its own message, naming what the task saw
         # (tests/test_records.py checks), and that first line is the verdict's detail either way;
         # rewriting added a hook to every import and a wrapper to every test: ~15 ms of a witness

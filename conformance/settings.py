@@ -20,7 +20,11 @@ from sandbox_conformance.conformance import bwrap_argv, remedies
 from sandbox_conformance.conformance import profile as profile_mod
 from sandbox_conformance.conformance import promises as promises_mod
 from sandbox_conformance.conformance.launch import REFERENCE, Launcher, LauncherKind, external
-from sandbox_conformance.conformance.options import REQUIRE_ENV
+from sandbox_conformance.conformance.options import (
+    LAUNCH_TIMEOUT,
+    REQUIRE_ENV,
+    TCG_LAUNCH_TIMEOUT,
+)
 from sandbox_conformance.kernel.cgroupfs import statfs_magic
 from sandbox_conformance.probes.finding import EMPTY, Finding
 from sandbox_conformance.processes import inputs
@@ -33,6 +37,23 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 class InvalidSettings(ValueError):
     """One line naming the option and what was expected."""
+
+
+# Per task launch, for a native host. In a TCG guest (qemu without KVM: every instruction translated)
+# a launch is 10-20x slower, more beside busy loops: 30 s ran out in the systemd lab's `run --delegate`
+# leg (reference launcher: "timed out after 32.6s", issue 28). 120 s is the VM mode's own for TCG
+# (runners/vm/mode.py LAUNCH_TIMEOUT), passed as --launch-timeout; a `run` inside the guest passes none.
+TCG_MODEL = "QEMU TCG CPU"  # qemu's model-id for -cpu max under TCG (target/i386/cpu.c)
+
+
+def default_timeout(cpuinfo: Path = Path("/proc/cpuinfo")) -> float:
+    """The per-launch timeout when none is given: TCG_LAUNCH_TIMEOUT in a TCG guest, else LAUNCH_TIMEOUT."""
+    try:
+        with open(cpuinfo, errors="replace") as f:
+            head = f.read(4096)  # the first CPU's block names the model
+    except OSError:
+        return LAUNCH_TIMEOUT
+    return TCG_LAUNCH_TIMEOUT if TCG_MODEL in head else LAUNCH_TIMEOUT
 
 
 class Settings(NamedTuple):
@@ -235,7 +256,7 @@ def build(
     except (OSError, ValueError) as e:
         raise InvalidSettings(f"--expected-skips: {e}") from None
     try:
-        seconds = float(launch_timeout) if launch_timeout is not None else 30.0
+        seconds = float(launch_timeout) if launch_timeout is not None else default_timeout()
     except ValueError:
         raise InvalidSettings(f"--launch-timeout {launch_timeout!r}: expected a number of seconds") from None
     seconds = check_seconds("--launch-timeout", seconds)

@@ -8,15 +8,19 @@ docker group). Only then is the CLI asked (`docker info`), with a short timeout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Mapping
+import signal
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from sandbox_conformance.kernel.errnos import errname
 from sandbox_conformance.probes.finding import Finding, Verdict
 from sandbox_conformance.probes.host import Host
+from sandbox_conformance.processes import owner
 from sandbox_conformance.processes.run import Completed
 
 DOCKER_DEFAULT_SOCKET = "/var/run/docker.sock"  # the docker CLI's default, rootful or not
@@ -26,6 +30,21 @@ CONNECT_TIMEOUT = 2.0
 CLI_ENV = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG", "DOCKER_CERT_PATH",
            "DOCKER_TLS_VERIFY", "CONTAINER_HOST", "CONTAINER_CONNECTION", "XDG_RUNTIME_DIR",
            "XDG_CONFIG_HOME")
+
+
+# Rootless podman, asked anything (even `podman info`), starts a per-user "pause" process that holds
+# its user namespace and outlives the command by design (podman-system-migrate(1)), and keeps its
+# state in $XDG_RUNTIME_DIR (unset: /tmp/podman-run-UID and /tmp/containers-user-UID) and $HOME
+# (~/.config/cni, ~/.local/share/containers/storage). Measured as sbxc-test, one `probe` left all of
+# them (issue 28). So a rootless trial runs podman with HOME and XDG_RUNTIME_DIR in a stamped
+# scratch directory of its own, then stops the pause process named by its pid file there and removes
+# the directory. A probe killed first leaves the directory to the sweep, which stops the pause first.
+SCRATCH_PREFIX = "sbxc-pmprobe-"
+PAUSE_PID = "run/libpod/tmp/pause.pid"  # $XDG_RUNTIME_DIR/libpod/tmp/pause.pid (podman 4)
+PAUSE_COMM = "podman pause"
+# For the sweep (processes/owner.py ask_before_removal): the same check, in a shell, as the sweeper.
+_KILL_PAUSE = ('p=$(cat "$1") && [ "$(cat /proc/"$p"/comm)" = "podman pause" ] && kill -KILL "$p"')
+STOP_TIMEOUT = 2.0
 
 
 class Endpoint(NamedTuple):
@@ -45,6 +64,56 @@ def cli_env(host: Host) -> dict[str, str]:
     env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
     env["LANG"] = "C"
     return env
+
+
+def pause_pid(pid_file: Path, euid: int) -> int | None:
+    """The rootless pause process a pid file names, if it still runs as `euid`: checked against the
+    process (its name and owner), so a pid the kernel has since given another is never killed."""
+    try:
+        pid = int(pid_file.read_text())
+        proc = Path(f"/proc/{pid}")
+        if (proc / "comm").read_text().strip() == PAUSE_COMM and proc.stat().st_uid == euid:
+            return pid
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        pass
+    return None
+
+
+def stop_pause(pid_file: Path, euid: int, *, timeout: float = STOP_TIMEOUT) -> int | None:
+    """SIGKILL the pause process of `pid_file` and wait until it is dead (a zombie of PID 1's, whose
+    child it became, counts: owner.start_time). Its pid, or None when none ran."""
+    pid = pause_pid(pid_file, euid)
+    if pid is None:
+        return None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while owner.start_time(pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return pid
+
+
+def before_removal(scratch: Path) -> list[list[str]]:
+    """What the sweep runs before it removes a scratch directory a killed probe left: stop its pause."""
+    return [["sh", "-c", _KILL_PAUSE, "sh", str(scratch / PAUSE_PID)]]
+
+
+@contextlib.contextmanager
+def rootless_scratch(env: dict[str, str], euid: int) -> Iterator[dict[str, str]]:
+    """`env` with podman's per-user state (HOME, XDG_RUNTIME_DIR) moved into a scratch directory of
+    ours, and afterwards that state gone: the pause process stopped, the directory removed."""
+    import tempfile  # lazy: the rootful and docker probes, `probe`'s common path, make no directory
+
+    scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{owner.stamp()}-"))
+    try:
+        owner.ask_before_removal(scratch, before_removal(scratch))
+        for d in ("home", "run"):
+            (scratch / d).mkdir(mode=0o700)
+        yield {**env, "HOME": str(scratch / "home"), "XDG_CONFIG_HOME": str(scratch / "home" / ".config"),
+               "XDG_RUNTIME_DIR": str(scratch / "run")}
+    finally:
+        stop_pause(scratch / PAUSE_PID, euid)
+        owner.rmtree(str(scratch))
 
 
 def _home(host: Host) -> str:
@@ -164,7 +233,11 @@ def attempt(host: Host, cli: str, path: str) -> Attempt:
         # it private) and leaves the mount behind: a probe must not. In a mount namespace of its own
         # the bind dies with the trial (mount_namespaces(7)); storage it creates is podman's first use.
         argv = [unshare, "--mount", "--propagation", "private", *argv]
-    done = host.runner(argv, timeout=limit, env=cli_env(host))
+    with contextlib.ExitStack() as stack:
+        env = cli_env(host)
+        if cli == "podman" and host.euid != 0:
+            env = stack.enter_context(rootless_scratch(env, host.euid))
+        done = host.runner(argv, timeout=limit, env=env)
     info = parse_docker_info(done) if cli == "docker" else parse_podman_info(done)
     if info is not None:
         return Attempt(cli, path, ep, None, info, "")

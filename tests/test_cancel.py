@@ -137,12 +137,16 @@ def test_the_prefixes_swept_are_the_ones_the_modules_create() -> None:
                           ("sbxc-container.", "runners/container.py"),
                           ("sbxc-controls-", "commands/controls.py")):
         assert swept(prefix) and f'prefix=f"{prefix}{{owner.stamp()}}' in text[where], prefix
-    # Named by a constant where they are made: srt's own directory, mr-check's verdict scratch.
+    # Named by a constant where they are made: srt's own directory, mr-check's verdict scratch, the
+    # rootless podman probe's scratch.
     from sandbox_conformance.conformance.adapters import srt
     from sandbox_conformance.mrcheck import tiers as mr_tiers
+    from sandbox_conformance.probes import container_engine
 
     for prefix, const, where in ((srt.OWN_PREFIX, "OWN_PREFIX", "conformance/adapters/srt.py"),
-                                 (mr_tiers.SCRATCH_PREFIX, "SCRATCH_PREFIX", "mrcheck/tiers.py")):
+                                 (mr_tiers.SCRATCH_PREFIX, "SCRATCH_PREFIX", "mrcheck/tiers.py"),
+                                 (container_engine.SCRATCH_PREFIX, "SCRATCH_PREFIX",
+                                  "probes/container_engine.py")):
         made = (REPO / where).read_text()
         assert swept(prefix) and f'prefix=f"{{{const}}}{{owner.stamp()}}' in made, prefix
     # Not ours, so never swept: another tool's name, our prefix without a stamp, a stamp alone.

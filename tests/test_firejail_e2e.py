@@ -13,6 +13,7 @@ and crosses no mount stacked there, fs/namei.c path_init()). So:
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -60,3 +61,44 @@ def test_firejail_read_only_root_is_judged_from_the_tasks_own_root_mount(
                    if ln.split()[4] == "/"][-1:]
     assert verdict == "BROKEN" and f"'{host_root} " in detail and " at /..'" in detail, (verdict, detail)
     assert done.returncode == 1, done.stdout
+
+
+# In a mount namespace of the test's own, a fresh host's shape: firejail's mounts (which an earlier
+# root launch may have left in the host's table) unmounted there; then one launch through the
+# adapter's prefix, and that namespace's mount points before and after.
+FRESH_HOST_LAUNCH = r"""
+awk '$5 ~ "^/run/firejail" {print $5}' /proc/self/mountinfo | sort -r | while read -r m; do
+    umount "$m" || exit 3
+done
+cut -d' ' -f5 /proc/self/mountinfo | sort > "$1"
+eval "$2 /bin/true" || exit 4
+cut -d' ' -f5 /proc/self/mountinfo | sort > "$3"
+"""
+
+
+def test_a_root_launch_through_the_adapter_leaves_no_mount_behind(
+    root_only: None, firejail: str, tmp_path: Path
+) -> None:
+    """firejail, run as root, leaves /run/firejail/dbus, firejail.ro.dir and firejail.ro.file mounted in
+    its caller's namespace (issue 28): the adapter runs it in a private mount namespace of its own."""
+    from sandbox_conformance.conformance.adapters import firejail as adapter
+
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("no unshare (util-linux)")
+
+    def place(m: re.Match[str]) -> str:
+        d = tmp_path / "layout" / m[1]
+        d.mkdir(parents=True, exist_ok=True)
+        return str(d)
+
+    prefix = re.sub(r"\{(\w+)\}", place, adapter.prefix())
+    before, after = tmp_path / "before", tmp_path / "after"
+    done = subprocess.run(
+        [unshare, "--mount", "--propagation", "private", "--",
+         "sh", "-c", FRESH_HOST_LAUNCH, "sh", str(before), prefix, str(after)],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    left = sorted(set(after.read_text().split()) - set(before.read_text().split()))
+    assert left == [], f"mounts left in the launcher's namespace: {left}"

@@ -37,6 +37,7 @@ from sandbox_conformance.probes.classify import Cause, Rung, Signals, Step, Tria
 from sandbox_conformance.probes.finding import Verdict
 from sandbox_conformance.processes import owner
 from sandbox_conformance.runners.vm import image as vm_image
+from sandbox_conformance.runners.vm import mode as vm_mode
 from sandbox_conformance.runners.vm import qemu as vm
 from sandbox_conformance.runners.vm.qemu import SystemdGuest, VmResult, run_in_vm
 
@@ -93,6 +94,14 @@ def _image() -> vm_image.VmImage:
 
 
 
+def guest_args(args: list[str], *, out: Path, work: Path, accel: vm.Accel) -> list[str]:
+    """A lab script's arguments with its placeholders filled: {out}, {work}, and {launch_timeout}, the
+    per-launch timeout the VM mode gives this accelerator's guest (runners/vm/mode.py): the witness's
+    native 30 s ran out in a TCG guest beside two busy loops (issue 28)."""
+    fill = {"{out}": str(out), "{work}": str(work), "{launch_timeout}": str(vm_mode.launch_timeout(accel))}
+    return [fill.get(a, a) for a in args]
+
+
 def _boot(name: str, script: str, args: list[str], *, timeout: float,
           systemd: SystemdGuest | None = None, prepare: Callable[[Path], None] | None = None) -> Boot:
     """prepare(workdir): puts what the guest needs into the share before the boot (removed with it)."""
@@ -106,10 +115,12 @@ def _boot(name: str, script: str, args: list[str], *, timeout: float,
         if prepare is not None:
             prepare(work)
         out = work / "out"
+        accel = vm.select_accel(image)  # before the boot: the guest's launch timeout depends on it
         argv = ["/usr/bin/python3", "-I", "-S", str(LAB / script), "--cli", str(CLI), "--repo", str(REPO),
-                *(a.replace("{out}", str(out)).replace("{work}", str(work)) for a in args)]
+                *guest_args(args, out=out, work=work, accel=accel)]
         started = time.monotonic()
-        result = run_in_vm(argv, workdir=work, timeout=timeout, cwd=str(REPO), image=image, systemd=systemd)
+        result = run_in_vm(argv, workdir=work, timeout=timeout, cwd=str(REPO), image=image, accel=accel,
+                           systemd=systemd)
         wall = time.monotonic() - started
         print(f"\nhost-shape lab, {name} boot: exit {result.exit_code}, {result.accel}, boot "
               f"{result.boot_seconds}s, wall {wall:.1f}s, load {os.getloadavg()[0]:.1f}")
@@ -135,9 +146,13 @@ def policy_boot(test_user: str) -> Boot:
     return _boot("policy", "kernel_policy.py", ["--user", test_user], timeout=900)
 
 
+def systemd_args(user: str) -> list[str]:
+    return ["--user", user, "--out", "{out}", "--launch-timeout", "{launch_timeout}"]
+
+
 @pytest.fixture(scope="session")
 def systemd_boot(test_user: str) -> Boot:
-    return _boot("systemd", "systemd_host.py", ["--user", test_user, "--out", "{out}"], timeout=1200,
+    return _boot("systemd", "systemd_host.py", systemd_args(test_user), timeout=1200,
                  systemd=SystemdGuest())
 
 
@@ -599,3 +614,46 @@ def test_a_root_run_is_never_in_setuid_mode() -> None:
     got = classify(s, Rung.netns, TrialOutcome(False, Step.bwrap, "EPERM"),
                    succeeded=frozenset({Rung.userns}))
     assert Cause.setuid_bwrap not in (got.cause, *got.also), got
+
+
+def test_the_systemd_guests_adapter_launches_get_the_accelerators_launch_timeout(tmp_path: Path) -> None:
+    """The adapter leg ran each launch with the witness's native 30 s: beside two busy loops a TCG
+    guest's launches ran out (issue 28). The host now passes the VM mode's timeout for the accelerator,
+    and the lab script hands it to the witness as its per-launch --timeout."""
+    import importlib.util
+    import sys
+
+    args = guest_args(systemd_args("u"), out=tmp_path / "out", work=tmp_path, accel=vm.Accel.tcg)
+    seconds = float(args[args.index("--launch-timeout") + 1])
+    assert seconds == vm_mode.LAUNCH_TIMEOUT[vm.Accel.tcg] > 30.0, args
+    assert "{out}" not in args and str(tmp_path / "out") in args
+    spec = importlib.util.spec_from_file_location("systemd_host", LAB / "systemd_host.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    saved = list(sys.path)
+    try:
+        spec.loader.exec_module(script)  # it puts LAB on sys.path for its `guest` helpers
+    finally:
+        sys.path[:] = saved
+        sys.modules.pop("guest", None)
+    argv = script.adapter_argv("/cli", "/out", seconds)
+    assert argv[:4] == ["/cli", "witness", "--adapter", "systemd-run"]
+    assert float(argv[argv.index("--launch-timeout") + 1]) == seconds, argv
+
+
+@pytest.mark.parametrize(("model", "seconds"), [
+    ("QEMU TCG CPU version 2.5+", 120.0),  # qemu -accel tcg -cpu max: the lab's guest
+    ("Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", 30.0),  # KVM's -cpu host, and a native host
+])
+def test_a_witness_with_no_timeout_given_gives_a_tcg_guests_launches_the_vm_modes_time(
+    tmp_path: Path, model: str, seconds: float
+) -> None:
+    """`run --delegate` in the systemd guest passes no per-launch timeout: its launches ran out at the
+    native 30 s (issue 28). The default now reads the CPU's model, as the VM mode's table has it."""
+    from sandbox_conformance.conformance import settings
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: {model}\n")
+    assert settings.default_timeout(cpuinfo) == seconds
+    assert vm_mode.LAUNCH_TIMEOUT[vm.Accel.tcg] == settings.TCG_LAUNCH_TIMEOUT
+    assert settings.default_timeout(tmp_path / "none") == settings.LAUNCH_TIMEOUT

@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import textwrap
 import time
@@ -22,6 +23,7 @@ import pytest
 from sandbox_conformance.probes import container_engine as ce
 from sandbox_conformance.probes.finding import Verdict
 from sandbox_conformance.probes.host import Host
+from sandbox_conformance.processes import owner
 
 INFO = {"ServerVersion": "24.0.7", "SecurityOptions": ["name=seccomp,profile=builtin", "name=rootless"]}
 
@@ -179,6 +181,48 @@ def test_a_slow_podman_gets_the_hosts_whole_timeout_not_the_daemon_clis(root, bi
     assert f.facts["cli"] == "podman"
 
 
+def test_rootless_podman_keeps_its_state_in_a_scratch_directory_that_is_gone_afterwards(root, bindir):
+    """Rootless podman makes its state in HOME and XDG_RUNTIME_DIR and leaves a pause process (issue 28):
+    the probe hands it a stamped scratch directory for both and removes it after the answer."""
+    doc = json.dumps({"host": {"security": {"rootless": True}}, "version": {"Version": "4.3.1"}})
+    seen = bindir / "seen"
+    shim(bindir, "podman", f"""\
+        echo "$HOME $XDG_RUNTIME_DIR $XDG_CONFIG_HOME" > "{seen}"
+        : > "$XDG_RUNTIME_DIR/state"
+        printf '%s\\n' '{doc}'
+        """)
+    f = probe(host(root, bindir, XDG_RUNTIME_DIR="/run/user/4242", XDG_CONFIG_HOME="/home/op/.config")
+              ._replace(euid=4242))
+    assert f.verdict is Verdict.supported, f.reason
+    home, run, config = (Path(p) for p in seen.read_text().split())
+    assert home.parent == run.parent == config.parent.parent
+    assert home.parent.name.startswith(ce.SCRATCH_PREFIX) and owner.find(home.parent.name) == owner.mine()
+    assert not home.parent.exists()
+
+
+def test_the_sweep_stops_the_pause_process_of_a_scratch_directory_a_killed_probe_left(tmp_path):
+    """The pause process names no path in its argv (`/usr/bin/podman`), so the sweep's kill of what
+    names the directory misses it: the directory asks for it to be stopped before its removal."""
+    me = owner.mine()
+    scratch = tmp_path / f"{ce.SCRATCH_PREFIX}{owner.Stamp(me.pid, me.start - 1, me.host)}-abcd1234"
+    (scratch / ce.PAUSE_PID).parent.mkdir(parents=True)
+    pause = subprocess.Popen([sys.executable, "-c", (
+        "import ctypes, time; ctypes.CDLL(None).prctl(15, b'podman pause', 0, 0, 0); time.sleep(60)")])
+    try:
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pause.pid}/comm").read_text().strip() != ce.PAUSE_COMM:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        (scratch / ce.PAUSE_PID).write_text(str(pause.pid))
+        owner.ask_before_removal(scratch, ce.before_removal(scratch))
+        assert [s.path for s in owner.sweep(dirs=[str(tmp_path)])] == [str(scratch)]
+        assert pause.wait(timeout=10) == -signal.SIGKILL
+        assert not scratch.exists()
+    finally:
+        pause.kill()
+        pause.wait()
+
+
 def test_a_refused_socket_is_denied():
     ep = ce.Endpoint("docker", "unix:///var/run/docker.sock", "default")
     a = ce.Attempt("docker", "/usr/bin/docker", ep, "EACCES", None, "connect: EACCES")
@@ -251,3 +295,61 @@ def test_a_real_throwaway_dockerd_is_reachable_through_its_socket(throwaway_dock
     assert f.facts["socket"] == throwaway_dockerd
     assert f.facts["rootless"] is False  # started by root, no rootlesskit
     assert f.facts["cli"] == "docker"
+
+
+def _marked(mark: str) -> list[int]:
+    """Live processes whose environment carries `mark` (root reads every /proc/PID/environ)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or owner.start_time(entry.name) is None:
+            continue
+        with contextlib.suppress(OSError):
+            if mark.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.integration
+def test_the_rootless_podman_probe_leaves_no_pause_process_and_no_state(root_only, test_user):
+    """As the test user, with a HOME and XDG_RUNTIME_DIR of the test's own: before issue 28's fix the
+    pause process outlived the probe (found by a mark in PATH, which the probe passes to podman and
+    podman to its pause process) and podman's storage and run state stayed in both directories."""
+    podman = shutil.which("podman")
+    if podman is None:
+        pytest.skip("no podman on this host (apt-get install podman)")
+    import pwd
+
+    user = pwd.getpwnam(test_user)
+    mark = f"/nonexistent/sbxc-mark-{os.getpid()}-{time.monotonic_ns()}"
+    top = Path(tempfile.mkdtemp(prefix=f"sbxc-pmtest-{owner.stamp()}-"))
+    try:
+        for d in ("home", "xdg"):
+            (top / d).mkdir(mode=0o700)
+            os.chown(top / d, user.pw_uid, user.pw_gid)
+        top.chmod(0o755)
+        before = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(ce.SCRATCH_PREFIX)}
+        code = ("import json; from sandbox_conformance.probes import container_engine as ce; "
+                "from sandbox_conformance.probes.host import Host; "
+                "print(json.dumps(dict(ce.probe(Host())[0].facts)))")
+        env = {"PATH": f"{os.path.dirname(podman)}:/usr/bin:/bin:{mark}", "HOME": str(top / "home"),
+               "XDG_RUNTIME_DIR": str(top / "xdg"), "LANG": "C"}
+        done = subprocess.run(
+            ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups", "--",
+             sys.executable, "-c", code],
+            env=env, cwd="/", capture_output=True, text=True, timeout=120, check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        facts = json.loads(done.stdout)
+        if not facts["reachable"]:
+            pytest.skip(f"rootless podman does not answer here: {facts}")
+        assert facts["rootless"] is True, facts
+        assert _marked(mark) == [], "podman's pause process outlived the probe"
+        assert sorted(os.listdir(top / "home")) == [], "podman's storage was left in HOME"
+        assert sorted(os.listdir(top / "xdg")) == [], "podman's run state was left in XDG_RUNTIME_DIR"
+        after = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(ce.SCRATCH_PREFIX)}
+        assert after <= before, f"scratch left: {after - before}"
+    finally:
+        for pid in _marked(mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        owner.rmtree(str(top))

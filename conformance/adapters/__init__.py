@@ -114,7 +114,7 @@ def _podman(as_user: str | None, env: Mapping[str, str]) -> str:
 def _firejail(as_user: str | None, env: Mapping[str, str]) -> str:
     from sandbox_conformance.conformance.adapters import firejail
 
-    return firejail.prefix()
+    return firejail.prefix(as_user)
 
 
 def _nspawn(as_user: str | None, env: Mapping[str, str]) -> str:

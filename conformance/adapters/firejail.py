@@ -11,10 +11,21 @@ launcher a user would write: aliases and write_surface BROKEN). Read-only per di
 stacks nothing on the root.
 
 firejail passes its caller's environment through (firejail(1): there is no --env-clear in 0.9.72),
-so the profile does not claim [environment] or secrets."""
+so the profile does not claim [environment] or secrets.
+
+Run as root, firejail 0.9.72 sets up /run/firejail on first use and leaves three mounts in its
+caller's mount namespace, the host's: /run/firejail/dbus (bound on itself nosuid,nodev,noexec),
+/run/firejail/firejail.ro.dir and firejail.ro.file (bound read-only on themselves), its
+preproc_build_firejail_dir() (measured: `findmnt` before and after one launch, issue 28). So root's
+launch runs it in a mount namespace of its own, private (`unshare --mount --propagation private`):
+those mounts die with the launch (mount_namespaces(7)), and firejail, which makes every namespace of
+the sandbox itself, sees the same tree. A user's launch cannot make one (unshare(CLONE_NEWNS) needs
+CAP_SYS_ADMIN, and setuid firejail in a user namespace would gain nothing): as a user it still
+makes them on first use, where no root launch has made them (tests/test_firejail_e2e.py)."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -44,11 +55,20 @@ def version(exe: str) -> str:
     return first.rsplit(" ", 1)[-1]  # "firejail version 0.9.72"
 
 
-def prefix() -> str:
+def private_mounts(as_user: str | None = None) -> list[str]:
+    """The argv that gives root's firejail a mount namespace of its own, or [] where the launch runs
+    as a user (ourselves, or `--as-user`: setpriv runs before this prefix) or there is no unshare."""
+    unshare = shutil.which("unshare")
+    if os.geteuid() != 0 or as_user is not None or unshare is None:
+        return []
+    return [unshare, "--mount", "--propagation", "private", "--"]
+
+
+def prefix(as_user: str | None = None) -> str:
     exe = shutil.which("firejail")
     if exe is None:
         raise Unavailable("firejail not installed (apt-get install --no-install-recommends firejail)")
     v = version(exe)
     if v != VERSION:
         raise Unavailable(f"firejail {v}: firejail.toml was measured with {VERSION}")
-    return shlex.join([exe, *FLAGS])
+    return shlex.join([*private_mounts(as_user), exe, *FLAGS])
