@@ -1,7 +1,7 @@
 """What every bench here shares: where the venv is, one way to time a command, interleaved sides, the
 median, and the one line a ratio is printed as.
 
-Each figure is the wall time of a whole process, started as a user or CI starts it (processes/run.py's
+Each figure is the wall time of a whole process, started as a user or CI starts it (processes/children.py's
 wrapper: a timeout, the process group killed, a minimal environment). Sides are interleaved (A, B, A,
 B, ...) after one warm-up of each, so a noisy neighbour hits both alike; a ratio is the ratio of the
 medians, measured in the same run. Nothing here is ever a timed assert in a test."""
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from sandbox_conformance.processes.run import Completed, minimal_env, run  # noqa: E402  (after the path set-up, on purpose)
+from sandbox_conformance.processes.children import Completed, minimal_env, run  # noqa: E402  (after the path set-up, on purpose)
 
 PYTHON = REPO / ".venv/bin/python"
 CLI = REPO / ".venv/bin/sandbox-conformance"

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sandbox_conformance.processes.run import minimal_env, run
+from sandbox_conformance.processes.children import minimal_env, run
 
 FETCH_TIMEOUT = 300.0
 TAP_RESULT = re.compile(r"^(not ok|ok)\b(?!.*#\s*SKIP)", re.IGNORECASE)

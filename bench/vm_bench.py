@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sandbox_conformance.processes.run import minimal_env, run  # noqa: E402
+from sandbox_conformance.processes.children import minimal_env, run  # noqa: E402
 from sandbox_conformance.runners.vm import image as vm_image  # noqa: E402
 from sandbox_conformance.runners.vm import qemu as vm  # noqa: E402
 

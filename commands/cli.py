@@ -36,7 +36,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 # Subcommands that start no sandbox, container or VM: no guardian (probe stays fast; its trials
-# still die with it through processes.run).
+# still die with it through processes.children).
 STARTS_NOTHING = frozenset({"probe", "fleet-report"})
 
 # Subcommands whose process is done in seconds (`run` waits for a witness child, a container or a VM,

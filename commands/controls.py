@@ -33,6 +33,7 @@ from sandbox_conformance.conformance.controls_judge import ControlStatus, Contro
 from sandbox_conformance.conformance.render import PLAIN, Style
 from sandbox_conformance.kernel.cgroupfs import PROMISE_ENV
 from sandbox_conformance.processes import cancel, outputs, owner
+from sandbox_conformance.processes.children import Completed, Runner, minimal_env, run
 from sandbox_conformance.processes.exits import (
     EXIT_FAIL,
     EXIT_OK,
@@ -41,7 +42,6 @@ from sandbox_conformance.processes.exits import (
     check_as_user,
     check_seconds,
 )
-from sandbox_conformance.processes.run import Completed, Runner, minimal_env, run
 
 if TYPE_CHECKING:
     from sandbox_conformance.runners.progress import Progress
@@ -232,8 +232,8 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _disable_userns(as_user: str | None) -> tuple[bool, str]:
-    """The guard probe the reference launcher itself uses (conformance/harness.py)."""
-    from sandbox_conformance.conformance.guard import findings
+    """The precondition probe the reference launcher itself uses (conformance/harness.py)."""
+    from sandbox_conformance.conformance.preconditions import findings
 
     f = findings(as_user).get("disable_userns")
     if f is None:
@@ -242,8 +242,8 @@ def _disable_userns(as_user: str | None) -> tuple[bool, str]:
 
 
 def _cgroup_root(as_user: str | None) -> tuple[bool, str]:
-    """The guard probe that decides whether each task gets a cgroup leaf (conformance/harness.py)."""
-    from sandbox_conformance.conformance.guard import findings
+    """The precondition probe that decides whether each task gets a cgroup leaf (conformance/harness.py)."""
+    from sandbox_conformance.conformance.preconditions import findings
 
     f = findings(as_user).get("cgroup.delegation")
     if f is None:

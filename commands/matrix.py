@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from sandbox_conformance.processes.children import run
 from sandbox_conformance.processes.exits import (
     EXIT_FAIL,
     EXIT_OK,
@@ -45,7 +46,6 @@ from sandbox_conformance.processes.exits import (
     UsageError,
     check_as_user,
 )
-from sandbox_conformance.processes.run import run
 
 REFERENCE = "reference"
 KEPT, BROKEN, NOT_TESTED = "kept", "BROKEN", "not tested"

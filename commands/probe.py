@@ -21,8 +21,8 @@ from typing import Any
 from sandbox_conformance.probes.collect import PROBE_IDS, collect
 from sandbox_conformance.probes.finding import Finding, Verdict
 from sandbox_conformance.probes.host import Host
+from sandbox_conformance.processes.children import Background
 from sandbox_conformance.processes.exits import EXIT_FAIL, EXIT_OK, UsageError, check_as_user
-from sandbox_conformance.processes.run import Background
 
 SCHEMA = 1
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sandbox_conformance.conformance import guard, handover, options, output, remedies, witnesses
+from sandbox_conformance.conformance import handover, options, output, preconditions, remedies, witnesses
 from sandbox_conformance.conformance import settings as settings_mod
 from sandbox_conformance.conformance.launch import LauncherKind
 from sandbox_conformance.conformance.render import Row, family_of
@@ -255,7 +255,7 @@ def _count(outcomes: Any) -> dict[str, int]:
 def _no_autoload() -> Iterator[None]:
     """PYTEST_DISABLE_PLUGIN_AUTOLOAD for this process's pytest session only: the variable, not
     pytest 8.4's `--disable-plugin-autoload`, because container mode runs Debian bookworm's pytest
-    7.2. The tasks never see it (their launchers get a minimal environment, processes/run.py); it is
+    7.2. The tasks never see it (their launchers get a minimal environment, processes/children.py); it is
     restored after the session."""
     saved = os.environ.get(AUTOLOAD_ENV)
     os.environ[AUTOLOAD_ENV] = "1"
@@ -298,7 +298,7 @@ def main(args: argparse.Namespace) -> int:
         if record is None:
             return EXIT_OK  # the run went another way: nothing was made here, and nothing to say
         if isinstance(early, Settings):
-            early = early._replace(guard=handover.handed_down(record, early.as_user, os.environ))
+            early = early._replace(preconditions=handover.handed_down(record, early.as_user, os.environ))
     out = output.WitnessOutput.from_args(args)  # its usage errors before any work (conformance/output.py)
     try:
         code = _main(args, out, early)
@@ -336,10 +336,10 @@ def _main(args: argparse.Namespace, out: output.WitnessOutput,
         print(f"sandbox-conformance witness: {paths} paths in profile {settings.profile.name}: the launch "
               f"and ~{3 * paths} witnesses take a while (if the launch times out, raise "
               f"--launch-timeout, now {settings.timeout:g} s)", file=sys.stderr, flush=True)
-    if launcher is None and settings.guard is None:
-        # The guard probes' trial runs while the rest is imported and the host swept: the first
-        # task's launch waits for it (conformance/guard.py).
-        guard.prefetch(args.as_user)
+    if launcher is None and settings.preconditions is None:
+        # The precondition probes' trial runs while the rest is imported and the host swept: the first
+        # task's launch waits for it (conformance/preconditions.py).
+        preconditions.prefetch(args.as_user)
     # What a SIGKILLed run left (processes/owner.py), said here on our stderr: once pytest starts, its
     # output (and the layout's own sweep with it) goes to the log.
     owner.sweep_once()
@@ -351,7 +351,7 @@ def _main(args: argparse.Namespace, out: output.WitnessOutput,
         as_user=settings.as_user,
         timeout=settings.timeout,
         perturbations=settings.perturbations,
-        guard=settings.guard,
+        preconditions=settings.preconditions,
         unobservable=settings.host_cannot_observe,
         harness_leaf=settings.harness_leaf,
         launcher_env=settings.launcher_env,

@@ -255,7 +255,7 @@ def task_leaf(
     if real:
         _sweep_once(root)
     leaf = make_leaf(root, name, limits, fs=fs)
-    key = cancel.guard_cgroup(leaf.path) if real else None
+    key = cancel.empty_on_death(leaf.path) if real else None
     try:
         yield leaf
     finally:

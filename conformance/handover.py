@@ -1,4 +1,4 @@
-"""The probe findings `run` hands down to the witness process it starts, so the guard probes are not
+"""The probe findings `run` hands down to the witness process it starts, so the precondition probes are not
 run twice for the same user in the same environment. Its own module, importing only probes.finding:
 `run` needs it, and none of the witness settings' imports (profiles, launchers, bwrap's argv).
 
@@ -14,13 +14,13 @@ from collections.abc import Iterable, Mapping
 
 from sandbox_conformance.probes.finding import Finding
 
-# The probes whose findings guard witnesses (conformance/guard.py).
-GUARD_PROBES = ("disable_userns", "cgroup.delegation")
+# The probes whose findings witnesses need (conformance/preconditions.py).
+PRECONDITION_PROBES = ("disable_userns", "cgroup.delegation")
 # The hidden witness option naming the pipe, and the word that starts a standby witness run.
 STANDBY_FLAG = "--standby-fd"
 GO = b"go\n"
 
-# What a guard finding depends on besides the user: a promised cgroup root changes cgroup.delegation.
+# What a precondition finding depends on besides the user: a promised cgroup root changes cgroup.delegation.
 _DEPENDS_ON = ("SANDBOX_CONFORMANCE_CGROUP_ROOT",)
 
 

@@ -1,5 +1,5 @@
 """One witness session: the host side of a task (layout, canaries, listeners), the probe findings
-that guard the witnesses, one launch per distinct task (cached), and removal of all of it.
+the witnesses need, one launch per distinct task (cached), and removal of all of it.
 
 Used by the pytest plugin's fixtures and by anyone who wants live observations from Python:
 
@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from sandbox_conformance.conformance import bwrap_argv, cgroup_leaf, layout, observer, plan
-from sandbox_conformance.conformance.guard import findings, needed
 from sandbox_conformance.conformance.launch import (
     REFERENCE,
     SECRET_ENV,
@@ -40,13 +39,14 @@ from sandbox_conformance.conformance.launch import (
     as_user_prefix,
     launch,
 )
+from sandbox_conformance.conformance.preconditions import findings, needed
 from sandbox_conformance.conformance.profile import Profile, expand
 from sandbox_conformance.kernel import netif
 from sandbox_conformance.kernel.cgroupfs import own_cgroup
 from sandbox_conformance.probes.finding import Finding, Verdict
 from sandbox_conformance.probes.host import Host
 from sandbox_conformance.processes import cancel, kills, owner
-from sandbox_conformance.processes.run import Background, Completed, minimal_env, run
+from sandbox_conformance.processes.children import Background, Completed, minimal_env, run
 
 # The neighbour leaf's limits when the profile sets none (a leaf with "max" everywhere would not show
 # a successful write of "max").
@@ -88,7 +88,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         as_user: str | None = None,
         timeout: float = 30.0,
         perturbations: frozenset[str] = frozenset(),
-        guard: Mapping[str, Finding] | None = None,
+        preconditions: Mapping[str, Finding] | None = None,
         bwrap: str | None = None,
         unobservable: str | None = None,
         harness_leaf: bool = False,
@@ -100,7 +100,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         is then `not tested` with that reason, never judged on the task's own word."""
         self.profile, self.launcher, self.as_user = profile, launcher, as_user
         self.timeout, self.perturbations = timeout, perturbations
-        self._guard = dict(guard) if guard is not None else None
+        self._preconditions = dict(preconditions) if preconditions is not None else None
         self._bwrap = bwrap
         self.unobservable = unobservable
         self.harness_leaf = harness_leaf
@@ -214,19 +214,19 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         return 0
 
     @property
-    def guard(self) -> dict[str, Finding]:
-        if self._guard is None:
+    def preconditions(self) -> dict[str, Finding]:
+        if self._preconditions is None:
             reference = self.launcher.kind is LauncherKind.reference
-            self._guard = findings(self.as_user, probes=needed(reference))
-        return self._guard
+            self._preconditions = findings(self.as_user, probes=needed(reference))
+        return self._preconditions
 
     def nested_userns_skip(self) -> str | None:
         """Why the nested-userns witness cannot be claimed, or None. Only the reference launcher is
-        guarded: it passes --disable-userns only where the probe saw it work. An external launcher
+        checked: it passes --disable-userns only where the probe saw it work. An external launcher
         made its own promise; if it cannot keep it, the witness goes red."""
         if self.launcher.kind is not LauncherKind.reference:
             return None
-        f = self.guard.get("disable_userns")
+        f = self.preconditions.get("disable_userns")
         if f is None:
             return (
                 "disable_userns probe did not report: bwrap cannot be shown to refuse nested user namespaces"
@@ -239,7 +239,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         """Where each task's leaf is made, or (None, why not). The cgroup.delegation probe already
         weighs the promise (SANDBOX_CONFORMANCE_CGROUP_ROOT: set but unusable is `denied`) against
         the root it resolved itself, and proved a memory.max write under it."""
-        f = self.guard.get("cgroup.delegation")
+        f = self.preconditions.get("cgroup.delegation")
         if f is None:
             return None, "cgroup.delegation probe did not report"
         if f.ok and f.facts.get("root"):
@@ -252,7 +252,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         if bwrap is None:
             raise NoObservation("reference launcher (bwrap): no bwrap on PATH")
         python = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
-        f = self.guard.get("disable_userns")
+        f = self.preconditions.get("disable_userns")
         return bwrap_argv.Facts(
             bwrap=bwrap, python=python, disable_userns=bool(f and f.ok), system_links=system_links()
         )
@@ -338,7 +338,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
 
     def start(self, key: str = "main") -> None:
         """Launch the task now, in the background; task(key) then waits for it. The witness command
-        starts the main task before it imports pytest, so the launch (the guard probes it waits for,
+        starts the main task before it imports pytest, so the launch (the precondition probes it waits for,
         bwrap, the task's run, the host's observation of it) overlaps that import on another core
         rather than following it. The same launch as task() makes: only its start moves earlier."""
         if self.layout is None:
@@ -375,7 +375,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         """Before the layout goes: a launch still under way uses it. Waited for, not read: what it
         raised was for task() to report, if anyone asked. A cancelled run's launch ends promptly: its
         child's group is stopped by processes/cancel.py, and a worker thread starts no new child after
-        the signal, nor keeps one it started as the signal came (processes/run.py)."""
+        the signal, nor keeps one it started as the signal came (processes/children.py)."""
         for started in self._started.values():
             started.join()
 

@@ -7,7 +7,7 @@
 - entry point `--launcher 'entry-point:NAME'`: a Python callable registered in the entry-point group
   `sandbox_conformance.launchers`, called with the task spec (a dict) and returning the argv prefix.
 
-Every launch goes through processes.run.run (timeout, whole process group killed). A missing or
+Every launch goes through processes.children.run (timeout, whole process group killed). A missing or
 partial document, a non-zero exit or a timeout is a NoObservation naming the launcher: never a pass.
 Exit 75 (EX_TEMPFAIL) is the launcher saying its sandbox cannot run on this host or as this user:
 SandboxUnavailable, which `witness` reports once as "did not run" and exits 75 with (docs/launchers.md)."""
@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from sandbox_conformance.processes import kills
+from sandbox_conformance.processes.children import Completed, Runner, run
 from sandbox_conformance.processes.exits import EXIT_UNAVAILABLE
-from sandbox_conformance.processes.run import Completed, Runner, run
 
 ENTRY_POINT_GROUP = "sandbox_conformance.launchers"
 ENTRY_POINT_PREFIX = "entry-point:"
@@ -204,6 +204,6 @@ def launch(
     cwd: str | None = None,
     hooks: Mapping[str, Callable[..., None]] | None = None,
 ) -> dict[str, Any]:
-    """`hooks`: on_line / after_exit for processes.run.run (the host-side observer's handshake)."""
+    """`hooks`: on_line / after_exit for processes.children.run (the host-side observer's handshake)."""
     done = runner(argv, timeout=timeout, input=program, env=env, cwd=cwd, **dict(hooks or {}))
     return parse_document(name, done)

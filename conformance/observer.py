@@ -806,7 +806,7 @@ def sigqueue(pid: int, sig: int, value: int) -> None:
 
 
 class Watch:
-    """The harness's side of the handshake, fed the launcher's stdout line by line (processes.run.run's
+    """The harness's side of the handshake, fed the launcher's stdout line by line (processes.children.run's
     on_line) and called once the launcher has exited (after_exit), before its group is killed.
 
     From the launch on (on_start), it also looks for the task by its tag at moments the launcher cannot

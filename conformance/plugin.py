@@ -58,7 +58,7 @@ __all__ = ["REQUIRE_ENV", "Settings", "read_expected_skips", "settings", "skip_k
 MARKER = "witness"
 
 _settings_key = pytest.StashKey[Settings]()
-_guard_key = pytest.StashKey[dict[str, Finding]]()
+_preconditions_key = pytest.StashKey[dict[str, Finding]]()
 _skipped_key = pytest.StashKey[dict[str, str]]()
 _tasks_key = pytest.StashKey[list[Task]]()
 _session_key = pytest.StashKey[WitnessSession]()
@@ -94,12 +94,12 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(named) from None
     if _settings_key in config.stash:  # handed over by the witness command (Preset)
         preset = config.stash[_settings_key]
-        if preset.guard is None:
-            from sandbox_conformance.conformance.guard import needed, prefetch
+        if preset.preconditions is None:
+            from sandbox_conformance.conformance.preconditions import needed, prefetch
 
             prefetch(preset.as_user, needed(preset.launcher.kind is LauncherKind.reference))
     elif _active(config):
-        from sandbox_conformance.conformance.guard import needed, prefetch
+        from sandbox_conformance.conformance.preconditions import needed, prefetch
 
         prefetch(config.getoption("sbxc_as_user"), needed(not _option(config, "sbxc_launcher")))
 
@@ -165,18 +165,19 @@ def _active(config: pytest.Config) -> bool:
     return any(witnesses.names_the_suite(str(a), config.invocation_params.dir) for a in config.args)
 
 
-def guard(config: pytest.Config) -> dict[str, Finding]:
-    if _guard_key not in config.stash:
+def preconditions(config: pytest.Config) -> dict[str, Finding]:
+    if _preconditions_key not in config.stash:
         s = settings(config)
-        if s.guard is not None:
-            config.stash[_guard_key] = dict(s.guard)  # handed down by `run`: probed once per run
+        if s.preconditions is not None:
+            # Handed down by `run`: probed once per run.
+            config.stash[_preconditions_key] = dict(s.preconditions)
         else:
-            from sandbox_conformance.conformance.guard import findings, needed
+            from sandbox_conformance.conformance.preconditions import findings, needed
 
             # The ones prefetched for this launcher (pytest_configure): one trial each, none unread.
             reference = s.launcher.kind is LauncherKind.reference
-            config.stash[_guard_key] = findings(s.as_user, probes=needed(reference))
-    return config.stash[_guard_key]
+            config.stash[_preconditions_key] = findings(s.as_user, probes=needed(reference))
+    return config.stash[_preconditions_key]
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -191,7 +192,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     if s.selection:
         left_out = ", ".join(sorted(s.profile.unselected))
         lines.append(f"  promises left out (--sbxc-only/--sbxc-skip): {left_out}")
-    lines += [f"  probe {f.probe}: {f.verdict}: {f.reason}" for f in guard(config).values()]
+    lines += [f"  probe {f.probe}: {f.verdict}: {f.reason}" for f in preconditions(config).values()]
     return lines
 
 
@@ -349,7 +350,7 @@ def sbxc_session(pytestconfig: pytest.Config, sbxc_settings: Settings) -> Iterat
         as_user=s.as_user,
         timeout=s.timeout,
         perturbations=s.perturbations,
-        guard=guard(pytestconfig),
+        preconditions=preconditions(pytestconfig),
         unobservable=s.host_cannot_observe,
         harness_leaf=s.harness_leaf,
         launcher_env=s.launcher_env,

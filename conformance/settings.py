@@ -28,8 +28,8 @@ from sandbox_conformance.conformance.options import (
 from sandbox_conformance.kernel.cgroupfs import statfs_magic
 from sandbox_conformance.probes.finding import EMPTY, Finding
 from sandbox_conformance.processes import inputs
+from sandbox_conformance.processes.children import DEFAULT_PATH
 from sandbox_conformance.processes.exits import MAX_SECONDS, seconds_ok
-from sandbox_conformance.processes.run import DEFAULT_PATH
 
 # A name a launcher's environment may carry: what a shell accepts as a variable name.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -74,7 +74,7 @@ class Settings(NamedTuple):
     # Where each task's layout is made (--layout-root): a sandbox with a private /tmp needs another.
     layout_root: str | None = None
     # Guard findings handed down by `run` (conformance/handover.py); None: the session probes for itself.
-    guard: Mapping[str, Finding] | None = None
+    preconditions: Mapping[str, Finding] | None = None
     # Which promises this run tests (--only/--skip); what it leaves out is also in profile.unselected.
     selection: promises_mod.Selection = promises_mod.Selection()
     adapter: str | None = None  # --adapter NAME: the sandbox kind remedies are written for
@@ -138,7 +138,7 @@ _PSEUDO = {0x9FA0: "procfs", 0x62656572: "sysfs", 0x63677270: "cgroup2", 0x27E0E
 
 def check_launcher_program(prefix: str, path: str) -> None:
     """The program a launcher prefix runs exists: an absolute path, or a name on the PATH the launcher
-    gets (processes/run.py minimal_env). Otherwise every launch would be a harness error (exit 1) where
+    gets (processes/children.py minimal_env). Otherwise every launch would be a harness error (exit 1) where
     `./nonexistent` is already exit 2 (conformance/launch.py external). A word with a placeholder is
     only known at launch."""
     words = shlex.split(prefix)  # external() split it already
@@ -274,7 +274,7 @@ def build(
         harness_leaf=harness_leaf,
         launcher_env=env_extra,
         layout_root=check_layout_root(layout_root) if layout_root is not None else None,
-        guard=None,  # probed by the session, unless `run` handed its findings on (commands/witness.py)
+        preconditions=None,  # probed by the session, unless `run` handed them on (commands/witness.py)
         selection=selection,
         adapter=adapter,
     )

@@ -1,6 +1,6 @@
 """What changed: committed since the merge-base with the base, plus uncommitted and untracked paths.
 
-Every git call goes through the injectable runner (processes.run.run by default) with a timeout. Output
+Every git call goes through the injectable runner (processes.children.run by default) with a timeout. Output
 is read in `-z` form: NUL-separated, so a path with a space, a newline or non-ASCII bytes is neither
 quoted nor split (git-diff(1) and git-status(1), "-z").
 """
@@ -12,7 +12,7 @@ import enum
 import os
 from pathlib import Path
 
-from sandbox_conformance.processes.run import Completed, Runner, minimal_env, run
+from sandbox_conformance.processes.children import Completed, Runner, minimal_env, run
 
 GIT_TIMEOUT = 60.0
 DEEPEN_BY = 200  # commits: what the shallow-clone hint suggests fetching first

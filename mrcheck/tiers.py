@@ -35,8 +35,8 @@ from sandbox_conformance.conformance.render import SAID_BELOW
 from sandbox_conformance.mrcheck.config import Tier, TierKind
 from sandbox_conformance.probes.finding import Finding
 from sandbox_conformance.processes import cancel, owner
+from sandbox_conformance.processes.children import Completed, Runner, run
 from sandbox_conformance.processes.exits import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
-from sandbox_conformance.processes.run import Completed, Runner, run
 from sandbox_conformance.runners import run_verdict
 from sandbox_conformance.runners.run_verdict import RunVerdict
 
@@ -308,8 +308,8 @@ def classify_runner(done: Completed, doc: RunVerdict | None) -> TierResult:
 # Every child of mr-check (the runner, a prepare step, a command tier) gets SIGTERM, not SIGKILL, as its
 # parent-death signal: killed with SIGKILL, mr-check runs no handler, and a runner child told SIGTERM
 # still stops in order (its witness child, container or VM, its layouts); the guardian SIGKILLs what
-# is left after its grace (processes/guardian.py). On SIGTERM/SIGINT/SIGHUP, processes.run stops each child
-# group the same way: SIGTERM, processes.run.STOP_GRACE, SIGKILL.
+# is left after its grace (processes/guardian.py). On SIGTERM/SIGINT/SIGHUP, processes.children stops each
+# group the same way: SIGTERM, processes.children.STOP_GRACE, SIGKILL.
 run_child: Runner = functools.partial(run, die_with=signal.SIGTERM)
 
 CgroupProbe = Callable[[], Finding]
@@ -486,7 +486,7 @@ def run_runner_tier(tier: Tier, root: Path, mode: str | None, runner: Runner = r
             done = runner(runner_argv(tier, mode), timeout=tier.timeout, env=runner_env(verdict_file),
                           cwd=str(root))
         except cancel.Cancelled:
-            # processes.run has stopped the runner (SIGTERM, its grace, SIGKILL) before re-raising: say how
+            # processes.children has stopped the runner (SIGTERM, grace, SIGKILL) before re-raising: say how
             # it ended, as `run` shows its witness child's line, before this command's own KILLED line.
             stopped = run_verdict.read(verdict_file)
             print(f"{PROG} mr-check: tier {tier.name}: "

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from sandbox_conformance.probes.finding import Finding, Verdict
 from sandbox_conformance.probes.host import Host
-from sandbox_conformance.processes.run import Completed, minimal_env
+from sandbox_conformance.processes.children import Completed, minimal_env
 
 # Capability names by bit (<linux/capability.h>), for rendering security.capability like getcap.
 CAP_NAMES = (

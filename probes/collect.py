@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 
 from sandbox_conformance.probes.finding import Finding, Verdict
 from sandbox_conformance.probes.host import Host
-from sandbox_conformance.processes.run import Background
+from sandbox_conformance.processes.children import Background
 
 # probe module -> the probe ids it reports, in display order. The runner and the witness suite
 # depend on these ids.

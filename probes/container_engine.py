@@ -21,7 +21,7 @@ from sandbox_conformance.kernel.errnos import errname
 from sandbox_conformance.probes.finding import Finding, Verdict
 from sandbox_conformance.probes.host import Host
 from sandbox_conformance.processes import owner
-from sandbox_conformance.processes.run import Completed
+from sandbox_conformance.processes.children import Completed
 
 DOCKER_DEFAULT_SOCKET = "/var/run/docker.sock"  # the docker CLI's default, rootful or not
 CLI_TIMEOUT = 5.0

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sandbox_conformance.processes.run import Runner, run
+from sandbox_conformance.processes.children import Runner, run
 
 
 class _HostFields(NamedTuple):

@@ -45,7 +45,7 @@ from sandbox_conformance.probes.classify import (
 )
 from sandbox_conformance.probes.finding import Finding
 from sandbox_conformance.probes.host import Host
-from sandbox_conformance.processes.run import Background, Completed, minimal_env
+from sandbox_conformance.processes.children import Background, Completed, minimal_env
 
 INSIDE = Path(__file__).with_name("_inside_ladder.py")
 USER_INIT_INO = 0xEFFFFFFD  # PROC_USER_INIT_INO, <linux/proc_ns.h>

@@ -2,7 +2,7 @@
 nothing running (docs/cancellation.md).
 
     cancel.install("witness")        # commands/cli.py, once, before anything is started
-    ...                              # processes.run.run() tracks each child's process group
+    ...                              # processes.children.run() tracks each child's process group
     except cancel.Cancelled as e:
         return cancel.finish(e)      # the verdict line; 143, 130 or 129
 
@@ -16,7 +16,7 @@ then sweeps what the unwinding missed (processes/owner.py: our own stamped direc
 dead run), and prints the verdict line.
 
 SIGKILL runs no handler, so two things act without us:
-- every child gets a parent-death signal (PR_SET_PDEATHSIG, set in processes.run's preexec);
+- every child gets a parent-death signal (PR_SET_PDEATHSIG, set in processes.children's preexec);
 - the guardian (processes/guardian.py), a process of its own started by install(), holds the read end
   of a pipe only we write. It learns each child group, cgroup leaf and undo command (`docker rm`) as
   we make them, and when the pipe reaches EOF with any still registered, we are dead: it stops them.
@@ -313,7 +313,7 @@ def untrack(pgid: int) -> None:
         _state.groups.pop(pgid, None)
 
 
-def guard_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+def undo_on_death(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                   timeout: float = 60.0) -> int:
     """A command that undoes something we started outside our process tree (a container: the engine
     runs it). Returns a key for `done` once we have undone it ourselves."""
@@ -323,7 +323,7 @@ def guard_command(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
     return key
 
 
-def guard_cgroup(path: Path | str) -> int:
+def empty_on_death(path: Path | str) -> int:
     key = next(_state.keys)
     _tell({"key": key, "cgroup": str(path)})
     return key
@@ -366,7 +366,7 @@ def _start_guardian() -> None:
 
 
 def forked() -> None:
-    """In a copy of this process made by fork (processes/run.py Forked), before it does anything: what
+    """In a copy of this process made by fork (processes/children.py Forked), before it does anything: what
     install() set up was its parent's. Its guardian's pipe is closed here, so that guardian sees the
     end of it when the parent dies, not when the copy does; the parent's groups are not ours to stop;
     the copy's own install() starts a guardian of its own."""

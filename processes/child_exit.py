@@ -4,7 +4,7 @@ Popen.wait(timeout=...) polls, sleeping 0.5, 1, 2, 4 ... up to 50 ms between loo
 (subprocess.Popen._wait), so a child that exits is noticed up to 50 ms late: a witness launch paid
 that on every task, and every command paid ~7 ms waiting for its guardian to go (processes/cancel.py
 close). A pidfd (pidfd_open(2), Linux 5.3) becomes readable the moment the child exits. Imported by
-processes/run.py and processes/cancel.py, so it imports neither."""
+processes/children.py and processes/cancel.py, so it imports neither."""
 
 from __future__ import annotations
 

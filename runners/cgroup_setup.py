@@ -45,7 +45,7 @@ from sandbox_conformance.kernel.cgroupfs import (
     v1_bound_controllers,
 )
 from sandbox_conformance.kernel.errnos import errname
-from sandbox_conformance.processes.run import Runner, run
+from sandbox_conformance.processes.children import Runner, run
 
 CONTROLLERS = ("memory", "pids")  # what the task limits need (memory.max, memory.swap.max, pids.max)
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from sandbox_conformance.kernel.cgroupfs import PROMISE_ENV
 from sandbox_conformance.processes import cancel, owner
+from sandbox_conformance.processes.children import Completed, run
 from sandbox_conformance.processes.exits import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, Refusal
-from sandbox_conformance.processes.run import Completed, run
 from sandbox_conformance.runners.progress import HEARTBEAT, Progress, result_word
 from sandbox_conformance.runners.witness_args import WitnessOptions
 
@@ -368,7 +368,7 @@ def run_container(engine: Engine, options: WitnessOptions, *, image: str, timeou
         os.chmod(inputs, 0o755)
         # Removed on the way out (below), or by the guardian if we are SIGKILLed: a container is the
         # engine's child, not ours, so no parent-death signal or group kill of ours reaches it.
-        guard = cancel.guard_command(rm_argv, env=engine.env, timeout=60)
+        undo = cancel.undo_on_death(rm_argv, env=engine.env, timeout=60)
         try:
             with progress.stage("container start") as st:
                 _check(run(start_argv(engine, name=name, image=image, repo=REPO, inputs=inputs,
@@ -408,7 +408,7 @@ def run_container(engine: Engine, options: WitnessOptions, *, image: str, timeou
             # --rm removes it once stopped; `rm --force` stops it whatever state it is in. A
             # cancelled run comes through here too, and everything in the container goes with it.
             run(rm_argv, timeout=60, env=engine.env)
-            cancel.done(guard)
+            cancel.done(undo)
 
 
 def sweep_containers(engine: Engine, say: Callable[[str], None]) -> None:

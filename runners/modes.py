@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from sandbox_conformance.probes.finding import Finding
+from sandbox_conformance.processes.children import run
 from sandbox_conformance.processes.exits import (
     EXIT_FAIL,
     EXIT_OK,
@@ -29,7 +30,6 @@ from sandbox_conformance.processes.exits import (
     VERDICT_WORDS,
     Refusal,
 )
-from sandbox_conformance.processes.run import run
 from sandbox_conformance.runners import native
 from sandbox_conformance.runners.decide import Mode
 from sandbox_conformance.runners.progress import Progress

@@ -10,9 +10,9 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from sandbox_conformance.conformance.handover import GO, GUARD_PROBES, STANDBY_FLAG, handover
+from sandbox_conformance.conformance.handover import GO, PRECONDITION_PROBES, STANDBY_FLAG, handover
 from sandbox_conformance.probes.finding import Finding
-from sandbox_conformance.processes.run import Background, Completed, Forked, NotForkable, run
+from sandbox_conformance.processes.children import Background, Completed, Forked, NotForkable, run
 from sandbox_conformance.runners.witness_args import WitnessOptions
 
 # Native mode never builds a cgroup root and never rearranges the host's tree. An inherited
@@ -87,7 +87,7 @@ class Standby:
     the pipe unsaid, and it exits 0 without a word.
 
     `witness_main` (the witness command, given its options as data: the record's fields and
-    `standby_fd`): the child is a fork of this process (processes/run.py Forked), which has the
+    `standby_fd`): the child is a fork of this process (processes/children.py Forked), which has the
     interpreter and much of the suite's imports ready; without it, or with a thread running here, a
     fresh `python -m sandbox_conformance witness` with them as arguments."""
 
@@ -121,11 +121,11 @@ class Standby:
 
     def go(self, findings: Iterable[Finding] = ()) -> int | None:
         """Run the suite with these findings; its exit code (None: it timed out)."""
-        guard = [f for f in findings if f.probe in GUARD_PROBES]
+        needed = [f for f in findings if f.probe in PRECONDITION_PROBES]
         # Made in our environment, which native_env changed for the child: the record says which, and
         # the child re-probes where that matters (conformance/handover.py).
-        mine = guard and self._as_user is None  # another user's findings are that user's to probe
-        payload = handover(guard, as_user=None, environ=self._environ) if mine else ""
+        mine = needed and self._as_user is None  # another user's findings are that user's to probe
+        payload = handover(needed, as_user=None, environ=self._environ) if mine else ""
         self._say(GO + payload.encode())
         return self._result()
 

@@ -41,7 +41,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_conformance.processes import owner
-from sandbox_conformance.processes.run import Completed, die_with_parent, run
+from sandbox_conformance.processes.children import Completed, die_with_parent, run
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("SANDBOX_CONFORMANCE_CACHE", "/var/cache/sandbox-conformance"))
@@ -246,7 +246,7 @@ def docker_tier_up() -> Iterator[DockerTier]:
                  "--exec-opt", "native.cgroupdriver=cgroupfs", "--cgroup-parent", f"/{cgroup_parent}"],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 # SIGTERM when pytest dies: dockerd then stops its containers and containerd. Started
-                # from pytest's main thread, which lives as long as the session (processes/run.py).
+                # from pytest's main thread, which lives as long as the session (processes/children.py).
                 preexec_fn=die_with_parent(signal.SIGTERM))
         _wait_for_daemon(docker, env, daemon, log)
         # The script a user runs offline (README, container mode): debootstrap, then `docker import`

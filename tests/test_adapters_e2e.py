@@ -270,7 +270,7 @@ def test_an_oci_launch_killed_on_timeout_leaves_no_container_behind(
     import time
 
     from sandbox_conformance.conformance import layout
-    from sandbox_conformance.processes.run import run
+    from sandbox_conformance.processes.children import run
 
     r = oci_ready("crun", None)
     lay = layout.create()

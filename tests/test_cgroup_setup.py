@@ -14,7 +14,7 @@ import pytest
 
 from sandbox_conformance.kernel import mountinfo as mountinfo_mod
 from sandbox_conformance.kernel.cgroupfs import PROOF_LIMIT, CgroupFs, mount_at
-from sandbox_conformance.processes.run import Completed
+from sandbox_conformance.processes.children import Completed
 from sandbox_conformance.runners import cgroup_setup
 from sandbox_conformance.runners.cgroup_setup import NoCgroupRoot, Setup, SetupMode, is_kernel_thread
 

@@ -27,7 +27,7 @@ from sandbox_conformance.conformance.launch import (
     launch,
     parse_document,
 )
-from sandbox_conformance.processes.run import Completed
+from sandbox_conformance.processes.children import Completed
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.integration
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def reference_ready(root_only: None, bwrap_path: str) -> None:
-    from sandbox_conformance.conformance.guard import findings
+    from sandbox_conformance.conformance.preconditions import findings
 
     f = findings(None)["disable_userns"]
     if not f.ok:
@@ -47,7 +47,7 @@ def expected_skip_file(tmp_path: Path, as_user: str | None = None) -> tuple[Path
     the probes pass, except the cgroup witnesses where the cgroup.delegation probe finds no usable
     root (they run for real in the VM tier, tests/test_vm.py)."""
     from sandbox_conformance.conformance.controls import HARNESS_ENFORCED
-    from sandbox_conformance.conformance.guard import findings
+    from sandbox_conformance.conformance.preconditions import findings
 
     lines = ["# no witness skip is justified on a host where the probes pass"]
     untested = 0

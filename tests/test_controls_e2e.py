@@ -112,7 +112,7 @@ def test_every_control_reddens_exactly_its_witnesses_and_every_witness_is_covere
 
 
 def _judge_real(chosen: list[Control]) -> controls_cmd.ControlsReport:
-    from sandbox_conformance.conformance.guard import findings
+    from sandbox_conformance.conformance.preconditions import findings
 
     f = findings(None)["disable_userns"]
     with tempfile.TemporaryDirectory(prefix="sbxc-controls-") as tmp:
@@ -163,7 +163,7 @@ def test_where_the_reference_sandbox_cannot_run_the_command_refuses_with_75(
 ) -> None:
     # Inside `bwrap --unshare-user --disable-userns` no user namespace can be created, so the baseline's
     # reference sandbox cannot start: nothing can be controlled, and that is not a red run.
-    from sandbox_conformance.conformance.guard import findings
+    from sandbox_conformance.conformance.preconditions import findings
 
     f = findings(None)["disable_userns"]
     if not f.ok:

@@ -19,8 +19,8 @@ from sandbox_conformance.conformance import bwrap_argv, controls, witnesses
 from sandbox_conformance.conformance import controls_judge as j
 from sandbox_conformance.conformance.controls import Collateral, Control, Needs
 from sandbox_conformance.conformance.controls_judge import ControlOutcome, ControlStatus
+from sandbox_conformance.processes.children import Completed
 from sandbox_conformance.processes.exits import EXIT_FAIL, EXIT_OK, Refusal, UsageError
-from sandbox_conformance.processes.run import Completed
 
 A, B, C, D = "test_a[x]", "test_b", "test_c", "test_d"
 

@@ -30,7 +30,7 @@ import pytest
 from fleet_ansible import BIN, REPO, Controller, by, missing, read_json, sections, write_json
 
 from sandbox_conformance.commands import fleet_report
-from sandbox_conformance.processes.run import Completed, run
+from sandbox_conformance.processes.children import Completed, run
 from sandbox_conformance.runners.container import security_flags
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_conformance.processes.run import Completed, run
+from sandbox_conformance.processes.children import Completed, run
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent

@@ -16,6 +16,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 USER_PACKAGES = ("conformance", "probes", "runners", "commands")
 TIMEOUT = 180
+# Left out of the user's environment: CI's switches (SANDBOX_CONFORMANCE_REQUIRE) and this pytest's.
+OURS_AND_PYTHONS = ("PYTEST_", "PYTHON", "SANDBOX_CONFORMANCE_")
 
 
 def _run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
@@ -80,7 +82,7 @@ def test_a_project_with_its_own_conformance_package_runs_its_pytest(installed: t
     """Our plugin loads (its options are there) and the project's own `conformance` is the one it
     imports: before issue 30, loading the plugin failed with `No module named 'conformance.plugin'`."""
     _, venv = installed
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHON", "SANDBOX_CONFORMANCE_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(OURS_AND_PYTHONS)}
     done = _run([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=project,
                 env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -99,7 +101,7 @@ def test_the_installed_command_runs_the_suite_beside_the_users_packages(installe
     _, venv = installed
     argv = ([str(venv / "bin" / "sandbox-conformance")] if how == "console script"
             else [str(venv / "bin" / "python"), "-m", "sandbox_conformance"])
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHON", "SANDBOX_CONFORMANCE_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(OURS_AND_PYTHONS)}
     env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
     done = _run([*argv, "witness"], cwd=project, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -17,7 +17,7 @@ import pytest
 from sandbox_conformance.conformance import observer
 from sandbox_conformance.conformance.launch import NoObservation, parse_document
 from sandbox_conformance.processes import kills
-from sandbox_conformance.processes.run import run
+from sandbox_conformance.processes.children import run
 
 
 def _error(argv: list[str], **kw: object) -> str:

@@ -31,7 +31,7 @@ from sandbox_conformance.probes.classify import (
 )
 from sandbox_conformance.probes.finding import Finding, Verdict
 from sandbox_conformance.probes.host import Host
-from sandbox_conformance.processes.run import Completed
+from sandbox_conformance.processes.children import Completed
 
 S, D, U, UNK = Verdict.supported, Verdict.denied, Verdict.unsupported, Verdict.unknown
 ROOT_CAPS = "000001ffffffffff"

@@ -18,7 +18,7 @@ from sandbox_conformance.probes import ladder
 from sandbox_conformance.probes.classify import RUNGS
 from sandbox_conformance.probes.finding import Finding, Verdict
 from sandbox_conformance.probes.host import Host
-from sandbox_conformance.processes.run import run
+from sandbox_conformance.processes.children import run
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent

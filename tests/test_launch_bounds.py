@@ -1,5 +1,5 @@
 """A launch's streams are bounded, and what a launch left running is judged after a timeout as after an
-exit (processes/run.py; issue 28)."""
+exit (processes/children.py; issue 28)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from witness_cli import witness
 
-from sandbox_conformance.processes import run as run_mod
+from sandbox_conformance.processes import children as run_mod
 
 
 def test_a_100_mb_stderr_line_is_kept_as_a_bounded_tail_and_said_once() -> None:

@@ -149,7 +149,7 @@ def test_findings_are_handed_down_only_for_the_same_user_and_environment() -> No
 
 
 def test_the_witness_process_uses_the_findings_run_handed_down(tmp_path: Path) -> None:
-    """The witness command takes the guard findings from run's word on its standby pipe instead of
+    """The witness command takes the precondition findings from run's word on its standby pipe instead of
     probing again: a handed-down `disable_userns` verdict is the one its nested-userns witness skips
     with. Nothing else carries them (no environment variable a launcher could set)."""
     raw = handover_mod.handover(
@@ -186,7 +186,7 @@ def test_a_launcher_exiting_75_is_one_did_not_run_with_its_reason_and_exit_75(tm
 
 def test_exit_75_is_sandbox_unavailable_and_any_other_exit_a_harness_error() -> None:
     from sandbox_conformance.conformance.launch import NoObservation, SandboxUnavailable, parse_document
-    from sandbox_conformance.processes.run import Completed
+    from sandbox_conformance.processes.children import Completed
 
     def done(code: int) -> Completed:
         return Completed(argv=("x",), returncode=code, stdout="", stderr="needs a VM\n", seconds=0.1)
@@ -290,7 +290,7 @@ def test_a_command_only_launcher_with_a_named_layout_gets_the_reference_launcher
     # suite with a profile that names the layout like the platform's own, and the verdicts are the
     # reference launcher's. Ours finds its paths where it runs and from the task id in its argv (as a
     # platform's sandbox knows its own); it is the reference sandbox built by another process.
-    from sandbox_conformance.conformance.guard import findings
+    from sandbox_conformance.conformance.preconditions import findings
 
     # Without [limits] (its last section): the cgroup leaf an external launcher must give is another
     # promise, which the reference launcher skips where there is no cgroup root.
@@ -346,7 +346,7 @@ def test_a_read_write_mount_whose_writes_something_else_refuses_is_named_a_contr
     # Issue 29: /usr bound read-write, every write there refused by a Landlock ruleset with EACCES, which
     # this profile accepts. The mount table and the task's behaviour disagree: still BROKEN (a call the
     # ruleset does not see may write), and the finding says which disagreement it is.
-    from sandbox_conformance.conformance.guard import findings
+    from sandbox_conformance.conformance.preconditions import findings
 
     text = (REPO / "conformance" / "profiles" / "reference.toml").read_text()
     text = text.replace('absent = ["{neighbour_control}", "{other_user}"]\n',

@@ -20,7 +20,7 @@ from sandbox_conformance.mrcheck.globs import InvalidGlob, compile_glob, matches
 from sandbox_conformance.mrcheck.report import plan
 from sandbox_conformance.mrcheck.tiers import Gate, TierOutcome, TierResult, classify_runner, run_tier
 from sandbox_conformance.probes.finding import Finding, Verdict
-from sandbox_conformance.processes.run import Completed, minimal_env, run
+from sandbox_conformance.processes.children import Completed, minimal_env, run
 from sandbox_conformance.runners.run_verdict import RunVerdict
 
 REPO = Path(__file__).resolve().parent.parent

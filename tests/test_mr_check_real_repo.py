@@ -35,7 +35,7 @@ from sandbox_conformance.mrcheck.config import InvalidConfig, Tier, TierKind, pa
 from sandbox_conformance.mrcheck.git import Change, Changes, ChangeStatus, Source
 from sandbox_conformance.mrcheck.report import CheckReport, Invocation, ReportFormat, plan, render
 from sandbox_conformance.mrcheck.tiers import TierOutcome, TierResult, classify_runner
-from sandbox_conformance.processes.run import Completed, run
+from sandbox_conformance.processes.children import Completed, run
 from sandbox_conformance.runners.run_verdict import RunVerdict
 
 CLI_TIMEOUT = 900.0

@@ -17,7 +17,7 @@ import pytest
 from sandbox_conformance.probes import bwrap
 from sandbox_conformance.probes.finding import Verdict
 from sandbox_conformance.probes.host import Host
-from sandbox_conformance.processes.run import Completed
+from sandbox_conformance.processes.children import Completed
 
 # struct vfs_cap_data, revision 2, effective flag, permitted = {CAP_SYS_ADMIN}: what
 # `setcap cap_sys_admin=ep FILE` writes (<linux/capability.h>).

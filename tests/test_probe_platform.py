@@ -14,7 +14,7 @@ import pytest
 from sandbox_conformance.probes import platform
 from sandbox_conformance.probes.finding import Verdict
 from sandbox_conformance.probes.host import Host
-from sandbox_conformance.processes.run import run
+from sandbox_conformance.processes.children import run
 
 INIT = platform.INIT_INO
 

@@ -14,7 +14,7 @@ import pytest
 from sandbox_conformance.probes import sandboxed
 from sandbox_conformance.probes.finding import Verdict
 from sandbox_conformance.probes.host import Host
-from sandbox_conformance.processes.run import Completed, run
+from sandbox_conformance.processes.children import Completed, run
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_PYTHON = REPO / ".venv/bin/python"
@@ -145,7 +145,7 @@ SNIPPET = ("import json; from sandbox_conformance.probes import sandboxed; "
 
 
 def run_snippet(prefix: list[str], timeout: float = 60) -> dict:
-    # processes.run: on a timeout the whole process group goes, bwrap's children included.
+    # processes.children: on a timeout the whole process group goes, bwrap's children included.
     done = run([*prefix, str(VENV_PYTHON), "-c", SNIPPET], timeout=timeout, cwd=str(REPO),
                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"})
     assert done.returncode == 0, done.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_conformance.processes.run import Completed, run
+from sandbox_conformance.processes.children import Completed, run
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable  # the venv's interpreter: world-executable, so the test user can run it too

@@ -23,7 +23,7 @@ from test_runner_cli import VERDICT, needs_witness
 
 from sandbox_conformance.probes.collect import collect
 from sandbox_conformance.probes.host import Host
-from sandbox_conformance.processes.run import Completed, run
+from sandbox_conformance.processes.children import Completed, run
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

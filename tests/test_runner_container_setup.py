@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_conformance.kernel.cgroupfs import PROMISE_ENV as ENV_ROOT
-from sandbox_conformance.processes.run import Completed
+from sandbox_conformance.processes.children import Completed
 from sandbox_conformance.runners import container
 from sandbox_conformance.runners.container import CgroupSetup, Engine, read_setup, security_flags
 from sandbox_conformance.runners.progress import Progress

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandbox_conformance.processes.run import run
+from sandbox_conformance.processes.children import run
 
 if TYPE_CHECKING:
     from docker_tier import DockerTier

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_conformance.processes.run import run
+from sandbox_conformance.processes.children import run
 from sandbox_conformance.runners import container, native, witness_args
 from sandbox_conformance.runners.container import Engine, Leg, combine, inside_options, security_flags
 from sandbox_conformance.runners.witness_args import WitnessOptions

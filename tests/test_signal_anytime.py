@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_conformance.processes import cancel
-from sandbox_conformance.processes import run as run_mod
+from sandbox_conformance.processes import children as run_mod
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))

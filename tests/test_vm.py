@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_conformance.processes import owner
-from sandbox_conformance.processes.run import Completed
+from sandbox_conformance.processes.children import Completed
 from sandbox_conformance.runners.progress import Progress, result_word
 from sandbox_conformance.runners.vm import image as vm_image
 from sandbox_conformance.runners.vm import mode as vm_mode

@@ -34,11 +34,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sandbox_conformance.conformance.adapters import _guarded, oci
+from sandbox_conformance.conformance.adapters import _guardian, oci
 from sandbox_conformance.conformance.profile import expand
 
 HOSTNAME = "sbxc-task"
-RUN_TIMEOUT = _guarded.RUN_TIMEOUT
+RUN_TIMEOUT = _guardian.RUN_TIMEOUT
 NEED_ROOT = "systemd-nspawn needs root (it refuses otherwise: \"Need to be root\"): run without --as-user"
 
 FLAGS = (
@@ -127,7 +127,7 @@ def known(name: str) -> bool:
     return any(ln.split(":")[1] == f"name={name}" for ln in lines)
 
 
-def guard(name: str) -> int:
+def guardian(name: str) -> int:
     while sys.stdin.buffer.read(4096):
         pass
     if known(name):
@@ -138,7 +138,7 @@ def guard(name: str) -> int:
 def launch(args: Sequence[str], spec: Mapping[str, Any]) -> int:
     values = oci.values_from_spec(spec)
     name = f"sbxc-nspawn-{os.getpid()}-{secrets.token_hex(3)}"
-    guardian, w = _guarded.start_guardian("sandbox_conformance.conformance.adapters.nspawn", name)
+    guardian, w = _guardian.start_guardian("sandbox_conformance.conformance.adapters.nspawn", name)
 
     def cleanup() -> None:
         # The hierarchy dies a moment after its last mount (an RCU grace period): wait for it, then
@@ -153,7 +153,7 @@ def launch(args: Sequence[str], spec: Mapping[str, Any]) -> int:
     nspawn = [exe, *(expand(f, values) for f in FLAGS), *args]
     # nspawn hands its own environment to the stub init, PID 1 of the task's /proc (measured: the
     # launcher's secret was in /proc/1/environ): it gets a fixed one.
-    return _guarded.run_guarded(
+    return _guardian.run_with_guardian(
         ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", SCRIPT, "sh", name, *nspawn],
         what="systemd-nspawn", guardian=guardian, pipe=w, cleanup=cleanup,
         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
@@ -164,13 +164,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m sandbox_conformance.conformance.adapters.nspawn", description=__doc__.splitlines()[0]
     )
-    p.add_argument("--guard", metavar="HIERARCHY", help=argparse.SUPPRESS)
+    p.add_argument("--guardian", metavar="HIERARCHY", help=argparse.SUPPRESS)
     p.add_argument("args", nargs=argparse.REMAINDER, help="-- the task's argv")
     a = p.parse_args(argv)
-    if a.guard:
-        if not a.guard.startswith("sbxc-nspawn-"):
-            p.error("--guard: not one of our hierarchies")
-        return guard(a.guard)
+    if a.guardian:
+        if not a.guardian.startswith("sbxc-nspawn-"):
+            p.error("--guardian: not one of our hierarchies")
+        return guardian(a.guardian)
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     if not args:
         p.error("no task argv after --")

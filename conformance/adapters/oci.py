@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from sandbox_conformance.conformance.adapters import _guarded
+from sandbox_conformance.conformance.adapters import _guardian
 from sandbox_conformance.conformance.profile import PLACEHOLDERS, expand
 from sandbox_conformance.processes import owner
 
@@ -55,7 +55,7 @@ CAP_SETS = ("bounding", "effective", "inheritable", "permitted", "ambient")
 HIDDEN_CANDIDATES = ("{neighbour_control}", "{other_user}")
 
 WORKSPACE_PREFIX = "sbxc-oci-"  # the temp dir holding the bundle and the runtime's --root
-RUN_TIMEOUT = _guarded.RUN_TIMEOUT
+RUN_TIMEOUT = _guardian.RUN_TIMEOUT
 
 
 class BundleNotBuilt(Exception):
@@ -457,7 +457,7 @@ def cleanup(runtime: str, workspace: Path, cid: str) -> None:
     shutil.rmtree(workspace, ignore_errors=True)
 
 
-def guard(runtime: str) -> int:
+def guardian(runtime: str) -> int:
     """The guardian: its first line on stdin names the workspace and the container; then it blocks
     until the launcher is gone (EOF on stdin, however it died), then cleans up. Needed because the
     harness SIGKILLs the launcher's process group on a timeout, and the container is NOT in that
@@ -485,7 +485,7 @@ def launch(runtime: str, args: Sequence[str], spec: Mapping[str, Any], config: M
     elif st.st_uid != 0:
         rendered["process"]["user"] = {"uid": st.st_uid, "gid": st.st_gid}
     cid = f"sbxc-{values['task_id']}-{secrets.token_hex(3)}"
-    guardian, w = _guarded.start_guardian("sandbox_conformance.conformance.adapters.oci", runtime)
+    guardian, w = _guardian.start_guardian("sandbox_conformance.conformance.adapters.oci", runtime)
     # The guardian's stamp in the name: if this launcher and its guardian both die, the next run's
     # sweep deletes the container and the workspace (processes/owner.py); while the guardian lives, no
     # sweep touches it.
@@ -504,7 +504,7 @@ def launch(runtime: str, args: Sequence[str], spec: Mapping[str, Any], config: M
 
     # stdin, stdout and stderr are ours: the witness program arrives on stdin and its document leaves
     # on stdout (terminal=false: the runtime passes the fds through to the container).
-    return _guarded.run_guarded(
+    return _guardian.run_with_guardian(
         runtime_argv(runtime, state, "run", "--bundle", str(bundle), cid),
         what=runtime, guardian=guardian, pipe=w, prepare=prepare,
         cleanup=lambda: cleanup(runtime, workspace, cid),
@@ -518,16 +518,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--runtime", choices=RUNTIMES)
     p.add_argument("--print-profile", action="store_true", help="print the profile derived from the bundle")
     p.add_argument("--mask-missing", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--guard", metavar="RUNTIME", help=argparse.SUPPRESS)
+    p.add_argument("--guardian", metavar="RUNTIME", help=argparse.SUPPRESS)
     p.add_argument("args", nargs=argparse.REMAINDER, help="-- the task's argv")
     a = p.parse_args(argv)
     if a.print_profile:
         sys.stdout.write(shipped_profile_text())
         return 0
-    if a.guard:
-        if a.guard not in RUNTIMES:
-            p.error("--guard: not one of our runtimes")
-        return guard(a.guard)
+    if a.guardian:
+        if a.guardian not in RUNTIMES:
+            p.error("--guardian: not one of our runtimes")
+        return guardian(a.guardian)
     if a.runtime is None:
         p.error("--runtime is required")
     args = a.args[1:] if a.args[:1] == ["--"] else a.args

@@ -42,12 +42,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sandbox_conformance.conformance.adapters import _guarded, docker, oci
+from sandbox_conformance.conformance.adapters import _guardian, docker, oci
 from sandbox_conformance.conformance.profile import expand
 from sandbox_conformance.processes import owner
 
 WORKSPACE_PREFIX = "sbxc-pm-"  # short: podman refuses a runroot past 50 characters
-RUN_TIMEOUT = _guarded.RUN_TIMEOUT
+RUN_TIMEOUT = _guardian.RUN_TIMEOUT
 VERSION_PREFIX = "podman version "
 
 # crun refuses a hybrid host whose cgroup2 hierarchy has controllers; in a mount namespace of its own it
@@ -183,8 +183,8 @@ def cleanup(workspace: Path, cid: str, *, say: bool = False) -> None:
     shutil.rmtree(workspace, ignore_errors=True)
 
 
-def guard() -> int:
-    """The guardian (oci.py `guard`): its first line on stdin names the workspace and the container;
+def guardian() -> int:
+    """The guardian (oci.py `guardian`): its first line on stdin names the workspace and the container;
     then it blocks until the launcher is gone (EOF, however it died) and cleans up. The workspace is
     stamped with the GUARDIAN's pid, not the launcher's: a launcher SIGKILLed (the lifecycle launch)
     leaves its workspace to the guardian, and another run's sweep (processes/owner.py), which removes a
@@ -207,7 +207,7 @@ def launch(args: Sequence[str], spec: Mapping[str, Any]) -> int:
     # storage (/var/lib/containers, with a mount on it: measured): a long $TMPDIR gives way to /tmp.
     runroot = len(tempfile.gettempdir()) + len(WORKSPACE_PREFIX) + len(owner.stamp()) + len("/XXXXXXXX-/run")
     top = None if runroot <= 47 else "/tmp"  # the guardian's pid may have more digits than ours
-    guardian, w = _guarded.start_guardian("sandbox_conformance.conformance.adapters.podman")
+    guardian, w = _guardian.start_guardian("sandbox_conformance.conformance.adapters.podman")
     start = owner.start_time(guardian.pid)
     stamp = owner.Stamp(guardian.pid, start, owner.host_key()) if start is not None else owner.mine()
     workspace = Path(tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{stamp}-", dir=top))
@@ -216,7 +216,7 @@ def launch(args: Sequence[str], spec: Mapping[str, Any]) -> int:
     flags = [expand(f, values) for f in run_flags(workspace)]
     # --name before the rootfs, which (with --rootfs) stands where the image would.
     argv = [*engine_argv(workspace), *flags[:-2], "--name", cid, *flags[-2:], *args]
-    return _guarded.run_guarded(
+    return _guardian.run_with_guardian(
         argv, what="podman", guardian=guardian, pipe=w, env=engine_env(workspace),
         prepare=lambda: make_workspace(workspace), cleanup=lambda: cleanup(workspace, cid, say=True),
     )
@@ -226,11 +226,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m sandbox_conformance.conformance.adapters.podman", description=__doc__.splitlines()[0]
     )
-    p.add_argument("--guard", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--guardian", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("args", nargs=argparse.REMAINDER, help="-- the task's argv")
     a = p.parse_args(argv)
-    if a.guard:
-        return guard()
+    if a.guardian:
+        return guardian()
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     if not args:
         p.error("no task argv after --")

@@ -41,7 +41,7 @@ from typing import Any
 
 from sandbox_conformance.conformance.adapters import Unavailable
 from sandbox_conformance.processes import owner
-from sandbox_conformance.processes.run import die_with_parent
+from sandbox_conformance.processes.children import die_with_parent
 
 # Shared with conformance/adapters/codex.py, the other npm-installed agent sandbox: installed, npm_prefix,
 # tool_env, launcher_dir_entries,

@@ -32,7 +32,7 @@ cgroup = pytest.mark.cgroup
 def _leaf(task: Task, session: WitnessSession) -> dict[str, Any]:
     if task.cgroup is None:
         _, why = session.cgroup_root()
-        found = session.guard.get("cgroup.delegation")
+        found = session.preconditions.get("cgroup.delegation")
         if found is not None and found.facts.get("promised") and not found.ok:
             # A set SANDBOX_CONFORMANCE_CGROUP_ROOT is a promise (STYLE.md 11): broken, it is a failure
             # of the run, never a quiet skip. Only an unset variable is an honest skip.

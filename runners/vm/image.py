@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from sandbox_conformance.processes.run import Runner, minimal_env, run
+from sandbox_conformance.processes.children import Runner, minimal_env, run
 
 # The modules /init loads, in the order it loads them: transports first (virtio_pci finds the
 # virtio-9p-pci devices qemu adds), then 9p (which in 6.x depends on netfs and fscache) and overlay.

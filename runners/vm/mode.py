@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from sandbox_conformance.processes import owner
+from sandbox_conformance.processes.children import minimal_env
 from sandbox_conformance.processes.exits import EXIT_FAIL, EXIT_UNAVAILABLE, Refusal
-from sandbox_conformance.processes.run import minimal_env
 from sandbox_conformance.runners.progress import HEARTBEAT, Progress
 from sandbox_conformance.runners.vm import image as vm_image
 from sandbox_conformance.runners.vm import qemu as vm

@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import IO
 
 from sandbox_conformance.processes import owner
+from sandbox_conformance.processes.children import Runner, minimal_env, run
 from sandbox_conformance.processes.exits import Refusal
-from sandbox_conformance.processes.run import Runner, minimal_env, run
 from sandbox_conformance.runners.progress import HEARTBEAT, Progress, Stage
 from sandbox_conformance.runners.vm import image as vm_image
 from sandbox_conformance.runners.vm.image import VmImage
@@ -229,7 +229,7 @@ def run_in_vm(argv: Sequence[str], *, workdir: Path, timeout: float, env: Mappin
               seed: Mapping[str, str] | None = None, progress: Progress | None = None) -> VmResult:
     """Boot, run argv as root inside (cwd default "/"), power off. `timeout` bounds the command in
     the guest; qemu as a whole gets BOOT_BUDGET more and is killed with its process group after that.
-    env: the command's whole environment (default: the minimal allowlist of processes.run).
+    env: the command's whole environment (default: the minimal allowlist of processes.children).
     live: (out, err) streams that get the command's output as it is written (a long suite under TCG
     must not look hung); the result still carries all of it.
     systemd: boot systemd as PID 1 (runners/vm/qemu.py SystemdGuest) and run the command as a unit of

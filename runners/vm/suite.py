@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from sandbox_conformance.kernel.cgroupfs import PROMISE_ENV
-from sandbox_conformance.processes.run import run
+from sandbox_conformance.processes.children import run
 from sandbox_conformance.runners.cgroup_setup import NoCgroupRoot, Setup, SetupMode
 from sandbox_conformance.runners.progress import result_word
 from sandbox_conformance.runners.vm.stage2 import PROGRESS_ENV

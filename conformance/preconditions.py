@@ -1,4 +1,4 @@
-"""The probe findings that guard witnesses (handover.GUARD_PROBES), probed for the user the tasks run as
+"""The probe findings witnesses need (handover.PRECONDITION_PROBES), probed for the user the tasks run as
 unless `run` handed them down: the reference launcher passes --disable-userns only where
 `disable_userns` saw it work, and makes cgroup leaves only under the root `cgroup.delegation` proved.
 
@@ -8,21 +8,21 @@ imported, instead of delaying the first task's launch (bench/witness_bench.py)."
 
 from __future__ import annotations
 
-from sandbox_conformance.conformance.handover import GUARD_PROBES
+from sandbox_conformance.conformance.handover import PRECONDITION_PROBES
 from sandbox_conformance.probes.finding import Finding
 from sandbox_conformance.probes.host import Host
-from sandbox_conformance.processes.run import Background
+from sandbox_conformance.processes.children import Background
 
 
 def needed(reference: bool) -> tuple[str, ...]:
-    """The guard probes a launcher needs: our reference launcher reads both; an external launcher
+    """The precondition probes a launcher needs: our reference launcher reads both; an external launcher
     made its own nesting promise, so only the cgroup root is asked (its trial, a real bwrap launch,
     would be thrown away)."""
-    return GUARD_PROBES if reference else ("cgroup.delegation",)
+    return PRECONDITION_PROBES if reference else ("cgroup.delegation",)
 
 
 def _probe(as_user: str | None, host: Host | None = None,
-           probes: tuple[str, ...] = GUARD_PROBES) -> dict[str, Finding]:
+           probes: tuple[str, ...] = PRECONDITION_PROBES) -> dict[str, Finding]:
     from sandbox_conformance.probes.collect import (
         collect,  # the probe modules are heavy; only a witness run needs them
     )
@@ -34,8 +34,8 @@ def _probe(as_user: str | None, host: Host | None = None,
 _prefetched: dict[tuple[str | None, tuple[str, ...]], Background[dict[str, Finding]]] = {}
 
 
-def prefetch(as_user: str | None, probes: tuple[str, ...] = GUARD_PROBES) -> None:
-    """Start the guard probes in the background; findings() then waits for them.
+def prefetch(as_user: str | None, probes: tuple[str, ...] = PRECONDITION_PROBES) -> None:
+    """Start the precondition probes in the background; findings() then waits for them.
 
     Their trial forks (Popen with a preexec_fn runs the at-fork handlers, os.register_at_fork) while
     this thread goes on importing. `logging` and `concurrent.futures.thread` register handlers that
@@ -46,12 +46,12 @@ def prefetch(as_user: str | None, probes: tuple[str, ...] = GUARD_PROBES) -> Non
     import concurrent.futures.thread  # noqa: F401  # imports logging too
 
     if (as_user, probes) not in _prefetched:
-        _prefetched[as_user, probes] = Background(_probe, as_user, None, probes, name="sbxc-guard")
+        _prefetched[as_user, probes] = Background(_probe, as_user, None, probes, name="sbxc-preconditions")
 
 
 def findings(as_user: str | None, host: Host | None = None,
-             probes: tuple[str, ...] = GUARD_PROBES) -> dict[str, Finding]:
-    """The probe findings that guard witnesses, for the user the tasks run as."""
+             probes: tuple[str, ...] = PRECONDITION_PROBES) -> dict[str, Finding]:
+    """The probe findings witnesses need, for the user the tasks run as."""
     if host is None and (as_user, probes) in _prefetched:
         return _prefetched[as_user, probes].result()
     return _probe(as_user, host, probes)

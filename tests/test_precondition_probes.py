@@ -1,4 +1,4 @@
-"""The guard probes are asked once, and only for what the launcher reads (issue 30): our reference
+"""The precondition probes are asked once, and only for what the launcher reads (issue 30): our reference
 launcher reads both (`--disable-userns` where it works, leaves under the delegated root); an external
 launcher made its own nesting promise, so its run asks only for the cgroup root, whose trial is not
 made to be thrown away."""

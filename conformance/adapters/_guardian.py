@@ -20,12 +20,12 @@ from typing import Any
 RUN_TIMEOUT = 25.0
 
 
-def start_guardian(module: str, *guard_args: str) -> tuple[subprocess.Popen[bytes], int]:
+def start_guardian(module: str, *guardian_args: str) -> tuple[subprocess.Popen[bytes], int]:
     """`python -m MODULE --guard ARGS` in a session of its own, reading a pipe: (it, the write end)."""
     r, w = os.pipe()
     try:
         guardian = subprocess.Popen(
-            [sys.executable, "-m", module, "--guard", *guard_args],
+            [sys.executable, "-m", module, "--guardian", *guardian_args],
             stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
     finally:
@@ -33,7 +33,7 @@ def start_guardian(module: str, *guard_args: str) -> tuple[subprocess.Popen[byte
     return guardian, w
 
 
-def run_guarded(
+def run_with_guardian(
     argv: Sequence[str],
     *,
     what: str,
