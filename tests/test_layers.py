@@ -83,3 +83,73 @@ def test_the_installed_name_holds_every_layer_and_nothing_else() -> None:
     assert links == {layer: f"../{layer}" for layer in LAYERS}
     assert {p.name for p in here.iterdir() if not p.is_symlink()} - {"__pycache__"} == {"__init__.py",
                                                                                        "__main__.py"}
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports, at any depth of the file (a lazy import counts):
+    `from P import m`, where P.m is a module, is an edge to P.m alone."""
+    mods = {}
+    for layer in LAYERS:
+        for p in (REPO / layer).rglob("*.py"):
+            parts = list(p.relative_to(REPO).with_suffix("").parts)
+            mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+
+    def ours(name: str) -> str | None:
+        name = name[len(NAME) + 1:] if name.startswith(NAME + ".") else ""
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for mod, path in mods.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges |= {m for a in node.names if (m := ours(a.name))}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                subs = {ours(f"{node.module}.{a.name}") for a in node.names}
+                whole = {f"{node.module}.{a.name}"[len(NAME) + 1:] for a in node.names}
+                edges |= {m for m in subs if m in whole}
+                if not whole <= set(mods) and (m := ours(node.module)):
+                    edges.add(m)
+        graph[mod] = edges - {mod}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while (w := stack.pop()) != v:
+                comp.append(w)
+            if comp:
+                out.append(sorted([v, *comp]))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_module_of_ours_imports_its_way_back_to_itself() -> None:
+    """No import circle, lazy imports included (issue 30: processes/children.py and cancel.py
+    imported each other, and the adapters their own registry)."""
+    assert _cycles(_import_graph()) == []
+
+
+def test_the_circle_check_sees_a_circle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

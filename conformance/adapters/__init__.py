@@ -23,9 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 
-
-class Unavailable(Exception):
-    """This adapter cannot run on this host or as this user: the reason, one line."""
+from sandbox_conformance.conformance.adapters._unavailable import Unavailable as Unavailable
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sandbox_conformance.conformance.adapters import Unavailable
+from sandbox_conformance.conformance.adapters._unavailable import Unavailable
 from sandbox_conformance.conformance.adapters.srt import (
     EX_USAGE,
     SYSTEM_PATH,

@@ -23,7 +23,7 @@ import shlex
 import shutil
 from collections.abc import Mapping
 
-from sandbox_conformance.conformance.adapters import Unavailable
+from sandbox_conformance.conformance.adapters._unavailable import Unavailable
 
 IMAGE_ENV = "SANDBOX_CONFORMANCE_DOCKER_IMAGE"
 HOSTNAME = "sbxc-task"

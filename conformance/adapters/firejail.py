@@ -30,7 +30,7 @@ import shlex
 import shutil
 import subprocess
 
-from sandbox_conformance.conformance.adapters import Unavailable
+from sandbox_conformance.conformance.adapters._unavailable import Unavailable
 
 VERSION = "0.9.72"  # what firejail.toml was measured with
 HOSTNAME = "sbxc-task"

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sandbox_conformance.conformance.adapters import Unavailable
+from sandbox_conformance.conformance.adapters._unavailable import Unavailable
 from sandbox_conformance.processes import owner
 from sandbox_conformance.processes.children import die_with_parent
 

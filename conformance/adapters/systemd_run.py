@@ -11,7 +11,7 @@ import shlex
 import shutil
 from pathlib import Path
 
-from sandbox_conformance.conformance.adapters import Unavailable
+from sandbox_conformance.conformance.adapters._unavailable import Unavailable
 
 # systemd.exec(5) properties and what each one promises (systemd >= 252, Debian 12):
 PROPERTIES = (

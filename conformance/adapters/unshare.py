@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 import shutil
 
-from sandbox_conformance.conformance.adapters import Unavailable
+from sandbox_conformance.conformance.adapters._unavailable import Unavailable
 
 # --kill-child: the forked child gets SIGKILL when unshare dies (PR_SET_PDEATHSIG, unshare(1)), and with
 # --pid that empties the whole pid namespace: the task dies with its launcher.
