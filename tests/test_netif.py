@@ -32,7 +32,8 @@ def test_each_interface_with_an_ipv4_address_gives_its_first_one_as_getifaddrs_d
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="no unshare(1)")
 def test_in_a_fresh_network_namespace_there_is_nothing_until_loopback_is_up() -> None:
-    code = ("import json; from kernel.netif import ipv4_addresses; print(json.dumps(ipv4_addresses()))")
+    code = ("import json; from sandbox_conformance.kernel.netif import ipv4_addresses; "
+            "print(json.dumps(ipv4_addresses()))")
     done = subprocess.run(["unshare", "--net", "--map-root-user", sys.executable, "-c", code], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
     if done.returncode != 0:

@@ -155,7 +155,8 @@ def test_inside_a_bwrap_pid_namespace_on_this_host(root_only: None, bwrap_path: 
     """The real sandbox shape: our code under `bwrap --unshare-pid --proc /proc`; the stray marker (if
     this machine has one) must not turn a sandbox into a docker container."""
     repo = Path(__file__).resolve().parent.parent
-    code = ("import json\nfrom probes import platform\nfrom probes.host import Host\n"
+    code = ("import json\nfrom sandbox_conformance.probes import platform\n"
+            "from sandbox_conformance.probes.host import Host\n"
             "print(json.dumps(platform.probe(Host())[0].to_json()))\n")
     done = run([bwrap_path, "--unshare-pid", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc",
                 "--dev", "/dev", "--chdir", str(repo), "--", sys.executable, "-c", code],
