@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,20 @@ def test_no_module_of_ours_imports_its_way_back_to_itself() -> None:
 
 def test_the_circle_check_sees_a_circle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# A layer named bare in code we run from a string or a script (a `python -c` snippet, scripts/): the
+# AST check above cannot see it, and from the checkout's cwd it would still import, the old way.
+_BARE = re.compile(r"(?:^|[^.\w])(?:from|import) (?:" + "|".join(LAYERS) + r")(?:\.\w+)* import |"
+                   r"(?:^|;|\"|')\s*import (?:" + "|".join(LAYERS) + r")\b")
+_MEANT = {"tests/test_install.py", "tests/test_layers.py"}  # a user's own packages; the checker's
+
+
+def test_no_snippet_or_script_imports_a_layer_by_its_bare_name() -> None:
+    texts = [p for d in ("scripts", "tests", "bench", "fleet", *LAYERS) for p in (REPO / d).rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts and p.suffix in ("", ".py", ".sh")]
+    found = [f"{p.relative_to(REPO)}:{n}: {line.strip()}" for p in texts
+             if str(p.relative_to(REPO)) not in _MEANT
+             for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+             if any(_BARE.search(part) for part in line.replace("\\n", "\n").split("\n"))]
+    assert not found, "\n".join(found)
