@@ -99,7 +99,13 @@ def guest_args(args: list[str], *, out: Path, work: Path, accel: vm.Accel) -> li
     per-launch timeout the VM mode gives this accelerator's guest (runners/vm/mode.py): the witness's
     native 30 s ran out in a TCG guest beside two busy loops (issue 28)."""
     fill = {"{out}": str(out), "{work}": str(work), "{launch_timeout}": str(vm_mode.launch_timeout(accel))}
-    return [fill.get(a, a) for a in args]
+
+    def filled(arg: str) -> str:
+        for key, value in fill.items():  # inside a word too: "{work}/image.tar"
+            arg = arg.replace(key, value)
+        return arg
+
+    return [filled(a) for a in args]
 
 
 def _boot(name: str, script: str, args: list[str], *, timeout: float,
@@ -619,7 +625,7 @@ def test_a_root_run_is_never_in_setuid_mode() -> None:
 def test_the_systemd_guests_adapter_launches_get_the_accelerators_launch_timeout(tmp_path: Path) -> None:
     """The adapter leg ran each launch with the witness's native 30 s: beside two busy loops a TCG
     guest's launches ran out (issue 28). The host now passes the VM mode's timeout for the accelerator,
-    and the lab script hands it to the witness as its per-launch --timeout."""
+    and the lab script hands it to the witness as its per-launch --launch-timeout."""
     import importlib.util
     import sys
 
@@ -627,6 +633,9 @@ def test_the_systemd_guests_adapter_launches_get_the_accelerators_launch_timeout
     seconds = float(args[args.index("--launch-timeout") + 1])
     assert seconds == vm_mode.LAUNCH_TIMEOUT[vm.Accel.tcg] > 30.0, args
     assert "{out}" not in args and str(tmp_path / "out") in args
+    # A placeholder inside a word is filled too (the container boot's "{work}/image.tar").
+    assert guest_args(["{work}/image.tar"], out=tmp_path, work=tmp_path, accel=vm.Accel.tcg) == [
+        f"{tmp_path}/image.tar"]
     spec = importlib.util.spec_from_file_location("systemd_host", LAB / "systemd_host.py")
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
