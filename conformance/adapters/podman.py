@@ -44,6 +44,7 @@ from typing import Any
 
 from sandbox_conformance.conformance.adapters import _guardian, docker, oci
 from sandbox_conformance.conformance.profile import expand
+from sandbox_conformance.probes import container_engine
 from sandbox_conformance.processes import owner
 
 WORKSPACE_PREFIX = "sbxc-pm-"  # short: podman refuses a runroot past 50 characters
@@ -145,13 +146,9 @@ def pause_pid(workspace: Path) -> int | None:
     --tmpdir), checked against the process (its name, and our uid), so that a pid the kernel has
     since given another process is never killed."""
     for f in (workspace / "tmp" / "pause.pid", workspace / "xdg-run" / "libpod" / "tmp" / "pause.pid"):
-        try:
-            pid = int(f.read_text())
-            proc = Path(f"/proc/{pid}")
-            if (proc / "comm").read_text().strip() == "podman pause" and proc.stat().st_uid == os.geteuid():
-                return pid
-        except (FileNotFoundError, ProcessLookupError, ValueError):
-            continue
+        pid = container_engine.pause_pid(f, os.geteuid())  # the probe's own check, one of it
+        if pid is not None:
+            return pid
     return None
 
 
