@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from sandbox_conformance import commands
-from sandbox_conformance.conformance import options
 from sandbox_conformance.processes import cancel
 from sandbox_conformance.processes.exits import EXIT_FAIL, EXIT_UNAVAILABLE, EXIT_USAGE, Refusal, UsageError
 
@@ -125,7 +124,9 @@ def witness_namespace(values: dict[str, Any]) -> argparse.Namespace:
     """The witness command's arguments as its parser would have made them, from data: every witness
     option at its default (conformance/options.py), then `values` (a None keeps the default). The
     forked standby's way in (runners/native.py): no argv is written out and parsed again."""
+    # Here, not at the top: `probe` imports this module and none of the witness's.
     from sandbox_conformance.commands import witness
+    from sandbox_conformance.conformance import options
 
     args = options.namespace(options.WITNESS)
     for key, value in values.items():
