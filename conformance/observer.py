@@ -25,11 +25,12 @@ import signal
 import stat
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-from sandbox_conformance.kernel import mountinfo
+from sandbox_conformance.conformance.claims import NONE, Claimed, Claims, descendants, starttime
+from sandbox_conformance.kernel import mountinfo, procfs
 from sandbox_conformance.kernel.cgroupfs import own_cgroup
 from sandbox_conformance.kernel.errnos import errname
 from sandbox_conformance.probes.finding import EMPTY
@@ -77,20 +78,11 @@ def find(task_tag: str, proc: Path = Path("/proc")) -> list[int]:
     """Host pids whose comm is `task_tag`: every process on the host is looked at, so a second one
     carrying the tag makes the launch ambiguous rather than going unseen."""
     found = []
-    for name in os.listdir(proc):
-        if not name.isdigit():
-            continue
+    for name in procfs.pids(proc):
         try:
-            fd = os.open(f"{proc}/{name}/comm", os.O_RDONLY | os.O_CLOEXEC)
+            comm = procfs.read_small(f"{proc}/{name}/comm").rstrip("\n")
         except OSError:
             continue  # exited meanwhile
-        try:
-            # comm is at most TASK_COMM_LEN (16) bytes with its newline: one read (proc(5)).
-            comm = os.read(fd, 64).decode(errors="replace").rstrip("\n")
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
         if comm == task_tag:
             found.append(int(name))
     return found
@@ -396,8 +388,9 @@ class Reach(NamedTuple):
 _NS_LINK = re.compile(r"^(cgroup|ipc|mnt|net|pid|pid_for_children|time|time_for_children|user|uts):\[\d+\]$")
 # Where each /proc/PID/net table keeps the socket's inode (net/ipv4/tcp_ipv4.c get_tcp4_sock,
 # net/unix/af_unix.c unix_seq_show, net/netlink/af_netlink.c, net/packet/af_packet.c).
-_INODE_COLUMN = {"tcp": 9, "tcp6": 9, "udp": 9, "udp6": 9, "raw": 9, "raw6": 9, "udplite": 9,
-                 "udplite6": 9, "unix": 6, "netlink": 9, "packet": 8}
+# Cheapest first (SocketTables): a task's descriptor is most often a unix socket.
+_INODE_COLUMN = {"unix": 6, "netlink": 9, "udp": 9, "udp6": 9, "raw": 9, "raw6": 9, "packet": 8,
+                 "udplite": 9, "udplite6": 9, "tcp": 9, "tcp6": 9}
 PTS_MAJORS = range(136, 144)  # Documentation/admin-guide/devices.txt: Unix98 PTY slaves
 
 
@@ -406,12 +399,10 @@ def task_pids(pid: int, pidns: str, host_pidns: str, proc: Path = Path("/proc"))
     of its own (the sandbox's init, its helpers), else the task and its descendants."""
     parents: dict[int, int] = {}
     spaces: dict[int, str] = {}
-    for name in os.listdir(proc):
-        if not name.isdigit():
-            continue
+    for name in procfs.pids(proc):
         try:
-            parents[int(name)] = int(stat_fields(_read(f"{proc}/{name}/stat"))["ppid"])
-            spaces[int(name)] = os.readlink(f"{proc}/{name}/ns/pid")
+            parents[int(name)] = int(stat_fields(procfs.read_small(f"{proc}/{name}/stat"))["ppid"])
+            spaces[int(name)] = procfs.readlink(f"{proc}/{name}/ns/pid")
         except (OSError, ValueError):
             continue
     if pidns and not pidns.startswith("error") and pidns != host_pidns:
@@ -423,18 +414,34 @@ def task_pids(pid: int, pidns: str, host_pidns: str, proc: Path = Path("/proc"))
     return sorted(out)
 
 
-def socket_inodes(net: Path) -> set[int]:
-    """The inodes of every socket in one network namespace (its /proc/PID/net tables)."""
-    out: set[int] = set()
-    for name, column in _INODE_COLUMN.items():
-        try:
-            lines = _read(net / name).splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            parts = line.split()
-            if len(parts) > column and parts[column].isdigit():
-                out.add(int(parts[column]))
+class SocketTables:
+    """The inodes of the sockets in one network namespace (its /proc/PID/net tables), read as a
+    descriptor asks, one table at a time, the cheap ones first: /proc/net/tcp and tcp6 walk every
+    bucket of the kernel's TCP hash tables, whichever namespace they belong to (net/ipv4/tcp_ipv4.c
+    established_get_first), 4 ms each here with one socket in them, and a task that holds no TCP
+    socket never needs them."""
+
+    def __init__(self, net: Path) -> None:
+        self._net, self._left = net, list(_INODE_COLUMN)
+        self._inodes: set[int] = set()
+
+    def __contains__(self, inode: object) -> bool:
+        while inode not in self._inodes and self._left:
+            name = self._left.pop(0)
+            self._inodes |= _table_inodes(self._net / name, _INODE_COLUMN[name])
+        return inode in self._inodes
+
+
+def _table_inodes(path: Path, column: int) -> set[int]:
+    try:
+        lines = _read(path).splitlines()[1:]
+    except OSError:
+        return set()
+    out = set()
+    for line in lines:
+        parts = line.split()
+        if len(parts) > column and parts[column].isdigit():
+            out.add(int(parts[column]))
     return out
 
 
@@ -466,7 +473,7 @@ def held(pids: Sequence[int], mounts: Sequence[mountinfo.Mount], namespaces: Map
     socket of another network namespace, a namespace the task is not in, a pidfd of a process outside
     it, a device node off the allowlist. Pipes, FIFOs and event descriptors are the task's channels."""
     mount_ids = {m.mount_id for m in mounts}
-    socks = socket_inodes(proc / str(pids[0]) / "net") if pids else set()
+    socks: Container[int] = SocketTables(proc / str(pids[0]) / "net") if pids else frozenset()
     own, members = set(namespaces.values()), set(pids)
     out: list[dict[str, Any]] = []
     for p in pids:
@@ -477,7 +484,7 @@ def held(pids: Sequence[int], mounts: Sequence[mountinfo.Mount], namespaces: Map
             continue
         for n in names:
             try:
-                link = os.readlink(base / "fd" / n)
+                link = procfs.readlink(base / "fd" / n)
                 why = _why_out(link, base, n, mount_ids, socks, own, members, allowed)
             except OSError:
                 continue  # closed since the listing
@@ -486,7 +493,7 @@ def held(pids: Sequence[int], mounts: Sequence[mountinfo.Mount], namespaces: Map
     return out[:100]
 
 
-def _why_out(link: str, base: Path, n: str, mount_ids: set[int], socks: set[int], own: set[str],
+def _why_out(link: str, base: Path, n: str, mount_ids: set[int], socks: Container[int], own: set[str],
              members: set[int], allowed: Mapping[str, str]) -> str | None:
     if link.startswith("socket:["):
         if int(link[8:-1]) not in socks:
@@ -651,7 +658,7 @@ def host_task(pid: int, proc: Path = Path("/proc")) -> int | None:
     """The start time of a live process (a reused pid has another), or None once it is gone or a
     zombie (dead, unreaped)."""
     try:
-        st = stat_fields(_read(proc / str(pid) / "stat"))
+        st = stat_fields(procfs.read_small(proc / str(pid) / "stat"))
     except (OSError, ValueError):
         return None
     if st["state"] in ("Z", "X"):
@@ -682,6 +689,7 @@ def survivors(
     harness_sid: int,
     since: int | None = None,
     until: int | None = None,
+    others: Claimed = NONE,
     proc: Path = Path("/proc"),
 ) -> list[dict[str, Any]]:
     """Processes still running that the launch started: in the task's pid namespace (when it is not
@@ -694,7 +702,10 @@ def survivors(
     (the kernel's inode ida), so the next sandbox made, by a concurrent run, gets the number of the
     task's namespace the moment it is gone, and was SIGKILLed as a leftover of this launch (issue
     28: its launcher, under load, `exited 137; stderr: (empty)`); sessions and groups are numbered by
-    pids, which come round again."""
+    pids, which come round again.
+
+    `others`: what the session's other launches, running beside this one, claimed as theirs
+    (conformance/claims.py): neither reported nor reaped here."""
     task_pidns = seen.namespaces.get("pid", "")
     task_sid = seen.proc_stat.get("sid") if not isinstance(seen.proc_stat, str) else None
     me = os.getpid()
@@ -705,15 +716,17 @@ def survivors(
     guardian = cancel.guardian_pid()
     ours = {str(me)} if guardian is None else {str(me), str(guardian)}
     out = []
-    for name in os.listdir(proc):
-        if not name.isdigit() or name in ours:
+    for name in procfs.pids(proc):
+        if name in ours:
             continue
         try:
-            text = _read(f"{proc}/{name}/stat")
+            text = procfs.read_small(f"{proc}/{name}/stat")
             st = stat_fields(text)
-            pidns = os.readlink(f"{proc}/{name}/ns/pid")
+            pidns = procfs.readlink(f"{proc}/{name}/ns/pid")
         except (OSError, ValueError):
             continue
+        if others.holds(int(name), str(st["starttime"]), pidns, int(st["sid"])):
+            continue  # another launch's, side by side with this one (conformance/claims.py)
         comm = text[text.index("(") + 1 : text.rindex(")")]  # stat's second field (proc(5))
         if st["state"] in ("Z", "X"):
             if since is not None and st["ppid"] == me and int(st["starttime"]) >= since:
@@ -745,7 +758,7 @@ def survivors(
 def kill(procs: Sequence[Mapping[str, Any]], proc: Path = Path("/proc")) -> None:
     for p in procs:
         with contextlib.suppress(OSError, ValueError):
-            if stat_fields(_read(proc / str(p["pid"]) / "stat"))["starttime"] == p["starttime"]:
+            if stat_fields(procfs.read_small(proc / str(p["pid"]) / "stat"))["starttime"] == p["starttime"]:
                 kills.kill(p["pid"], signal.SIGKILL, "the observer: a leftover of the launch")
     for p in procs:
         if any("orphan" in w for w in p["why"]):
@@ -768,7 +781,7 @@ def snapshot(pid: int, proc: Path = Path("/proc")) -> dict[str, Any] | None:
     """A cheap reading of what must stay the same, or None once the process is gone."""
     base = proc / str(pid)
     try:
-        out: dict[str, Any] = {f"ns/{ns}": os.readlink(base / "ns" / ns) for ns in NAMESPACES}
+        out: dict[str, Any] = {f"ns/{ns}": procfs.readlink(base / "ns" / ns) for ns in NAMESPACES}
         status = _status(_read(base / "status"))
         out.update({k: status.get(k) for k in SNAPSHOT_STATUS})
         table = mountinfo.parse(_read(base / "mountinfo"))
@@ -826,9 +839,15 @@ class Watch:
         find_seconds: float = 2.0,
         asked: Reach | None = None,
         lifecycle: bool = False,
+        claims: Claims | None = None,
+        key: str = "main",
+        kill_wait: float = 30.0,
     ) -> None:
         self.tag, self.nonce, self.protected = task_tag, launch_nonce, tuple(protected)
         self.asked, self.lifecycle = asked, lifecycle
+        # Side by side with the session's other launch: what this one claims, and how long its clean-up
+        # waits for the other's judgement (conformance/claims.py).
+        self.claims, self.key, self.kill_wait = claims, key, kill_wait
         self.release_value = secrets.randbelow(1 << 30) + 1
         self.launcher_pid: int | None = None
         self.lifecycle_result: dict[str, Any] = {
@@ -854,6 +873,10 @@ class Watch:
 
     def on_start(self, pid: int) -> None:
         self.launcher_pid = pid
+        if self.claims is not None:
+            started = starttime(pid)
+            if started is not None:
+                self.claims.add(self.key, pids=[(pid, started)])
         if self.tag:
             self._looker = threading.Thread(target=self._look, name="sbxc-looks", daemon=True)
             self._looker.start()
@@ -916,6 +939,7 @@ class Watch:
             host_pidns=self.host_namespaces.get("pid", ""),
         )
         self.host_devices = mountinfo.devices(host_mounts)
+        self._claim_task(self.seen)
         self._reference = snapshot(pids[0])
         if self._followed is not None and self._followed != pids[0]:
             self.changes.append(f"the looks followed pid {self._followed}, the handshake found pid {pids[0]}")
@@ -942,6 +966,10 @@ class Watch:
             self.lifecycle_result = {"killed": False, "why": "the launcher's pid was never known"}
             return
         first = host_task(task)
+        if self.claims is not None:
+            # Orphaned by the kill, reparented to us: claimed first, so the main launch beside this one
+            # does not take them for its own leftovers (and kill the task this promise waits to see go).
+            self.claims.add(self.key, pids=descendants(self.launcher_pid))
         kills.kill(self.launcher_pid, signal.SIGKILL, "the lifecycle promise: its launcher, at the handshake")
         start = time.monotonic()
         while time.monotonic() - start < LIFECYCLE_SECONDS:
@@ -972,6 +1000,8 @@ class Watch:
         harness_sid = os.getsid(0)
         until = boot_ticks()  # the launcher has exited (survivors: what starts later is not ours)
 
+        claims = self.claims
+
         def left_now() -> list[dict[str, Any]]:
             return survivors(
                 seen,
@@ -980,6 +1010,7 @@ class Watch:
                 harness_sid=harness_sid,
                 since=self.since,
                 until=until,
+                others=claims.others(self.key) if claims is not None else NONE,
             )
 
         left = left_now()
@@ -988,4 +1019,21 @@ class Watch:
             time.sleep(0.02)
             left = left_now()
         self.survivors = left
+        if claims is not None:
+            claims.judged(self.key)
+            if left:
+                # What this launch found may be the other's evidence too (an orphan no claim places):
+                # killed once both have looked.
+                claims.wait_judged(self.kill_wait)
         kill(left)
+
+    def _claim_task(self, seen: Seen) -> None:
+        """The task's pid namespace (where it is not the host's) and session (where it is not ours):
+        whatever is in them is this launch's."""
+        if self.claims is None:
+            return
+        pidns = seen.namespaces.get("pid", "")
+        private = pidns and pidns != self.host_namespaces.get("pid") and not pidns.startswith("error")
+        sid = seen.proc_stat.get("sid") if not isinstance(seen.proc_stat, str) else None
+        self.claims.add(self.key, pidns=pidns if private else None,
+                        sid=int(sid) if sid is not None and int(sid) != os.getsid(0) else None)

@@ -208,6 +208,7 @@ def run(
     pass_fds: Sequence[int] = (),
     on_start: Callable[[int], None] | None = None,
     terminal: int | None = None,
+    terminal_master: int | None = None,
 ) -> Completed:
     """Run argv in a new session; on timeout SIGKILL its whole process group and reap it.
 
@@ -217,8 +218,9 @@ def run(
     after_exit: called with the process group id once the leader has exited, BEFORE the rest of its
     group is killed, so the caller can see what the child left running. on_start: called with the
     child's pid as soon as it is started (the host-side observer's watch of a launch). terminal: a
-    pseudo-terminal's slave descriptor, given to the child as its stderr (not captured) and made its
-    controlling terminal, the way a shell starts a command (the witness's terminal promise).
+    pseudo-terminal's slave descriptor, given to the child as its stderr and made its controlling
+    terminal, the way a shell starts a command (the witness's terminal promise); with on_line or
+    after_exit, `terminal_master` (its master) is read while the child runs, as its stderr.
     die_with: the child's parent-death signal; SIGTERM for a child of ours that cleans up after
     itself (a witness run under `run` or `controls`). pass_fds: descriptors the child inherits (every
     other one above stderr is closed in it, as Popen does by default). Interrupted (a Cancelled, any
@@ -276,7 +278,7 @@ def run(
                 cancel.stopped_sharing_output()
             raise
         if on_line is not None or after_exit is not None:
-            return _streamed(proc, argv, input, timeout, started, on_line, after_exit)
+            return _streamed(proc, argv, input, timeout, started, on_line, after_exit, terminal_master)
         try:
             out, err = proc.communicate(input, timeout=timeout)
             exited = time.monotonic()
@@ -296,6 +298,39 @@ def run(
             raise
     finally:
         cancel.untrack(proc.pid)
+
+
+def _read_terminal(master: int, into: _Tail, gone: int) -> None:
+    """A pseudo-terminal's output, as it comes, until the child's leader is gone (`gone` readable) and
+    nothing is left. Never a blocking read of the master: the caller holds the slave open (to read
+    what was typed into it), so the master would never see the end of it (a read gets EIO only once
+    every slave is closed, pty(7)). Closes `gone`."""
+    import codecs
+    import select
+
+    text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    drained_by: float | None = None
+    try:
+        while True:
+            wait = None if drained_by is None else 0.0
+            ready, _, _ = select.select([master, gone] if drained_by is None else [master], [], [], wait)
+            if gone in ready:
+                # What is left is read, for a second at most: a survivor that goes on writing is
+                # after_exit's to judge.
+                drained_by = time.monotonic() + 1.0
+                continue
+            if not ready or (drained_by is not None and time.monotonic() > drained_by):
+                break
+            try:
+                chunk = os.read(master, _CHUNK)
+            except OSError:  # EIO: every slave closed
+                break
+            if not chunk:
+                break
+            into.add(text.decode(chunk))
+        into.add(text.decode(b"", final=True))
+    finally:
+        os.close(gone)
 
 
 class Background(Generic[T]):
@@ -461,6 +496,7 @@ def _streamed(
     started: float,
     on_line: Callable[[str], None] | None,
     after_exit: Callable[[int], None] | None,
+    master: int | None = None,
 ) -> Completed:
     """run() with stdout read line by line as it comes (one thread per pipe, so neither can fill up
     and stall the child)."""
@@ -496,11 +532,15 @@ def _streamed(
                     failed.append(e)
             line, size = [], 0
 
+    # Written once the leader is gone: wakes the terminal's reader at once (it never blocks on the master).
+    leader_gone = os.pipe() if master is not None else None
+
     def read_err() -> None:
-        if proc.stderr is None:
-            return  # a terminal of the caller's, read there (run's `terminal`)
-        while chunk := proc.stderr.read(_CHUNK):
-            err.add(chunk)
+        if proc.stderr is not None:
+            while chunk := proc.stderr.read(_CHUNK):
+                err.add(chunk)
+        elif master is not None and leader_gone is not None:
+            _read_terminal(master, err, leader_gone[0])
 
     readers = [threading.Thread(target=f, daemon=True) for f in (read_out, read_err)]
     threads = [threading.Thread(target=feed, daemon=True), *readers]
@@ -518,6 +558,8 @@ def _streamed(
                 proc.wait(timeout=5)
         # The leader is gone; its output may still be in the pipes. A survivor that holds them keeps
         # the readers waiting: bounded, then after_exit sees (and kills) it.
+        if leader_gone is not None:
+            os.write(leader_gone[1], b"!")
         for t in readers:
             t.join(timeout=1.0)
         if after_exit is not None:
@@ -529,6 +571,8 @@ def _streamed(
         kill_group(proc.pid)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
+        if leader_gone is not None:
+            os.close(leader_gone[1])  # the read end is the reader's to close
     for t in threads:
         t.join(timeout=5)
     if failed:

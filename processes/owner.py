@@ -48,6 +48,7 @@ def owned(name: str) -> bool:
 # container whose state lives there): a JSON list of argvs in the directory itself, so a sweep in a
 # process that never imported that owner still does it. Run only when the file is the sweeper's own.
 BEFORE_REMOVAL = ".sbxc-before-removal"
+BEFORE_REMOVAL_TIMEOUT = 20.0  # seconds for each recorded command
 # A directory whose name the profile chooses (a layout named like a platform's, conformance/layout.py)
 # carries no stamp: a symlink beside it does, made before it, `.sbxc-owned-<stamp>-NAME -> NAME`.
 LABEL_PREFIX = ".sbxc-owned-"
@@ -319,8 +320,22 @@ def before_removal(path: str) -> None:
     for argv in argvs:
         if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
             continue
-        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-            subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=20, check=False)
+        # A session of its own, killed whole on the timeout: what the command started (an engine's
+        # helper) goes with it. Not processes/children.run, which imports this module's importer.
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            continue
+        try:
+            proc.wait(timeout=BEFORE_REMOVAL_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        else:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)  # what it left in its group, once it is done
 
 
 def rmtree(path: str) -> None:

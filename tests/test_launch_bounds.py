@@ -27,6 +27,28 @@ def test_a_100_mb_stderr_line_is_kept_as_a_bounded_tail_and_said_once() -> None:
     assert "more characters" in tail
 
 
+def test_a_launch_from_a_terminal_has_its_stderr_read_bounded_and_ends_with_its_leader() -> None:
+    """The witness launches from a pseudo-terminal (conformance/harness.py _terminal): what the launcher
+    writes there is its stderr, read while it runs (the terminal holds ~4 KiB: unread, it would stop
+    the launcher), bounded as a pipe's is, and the run ends when the leader does, though the caller
+    keeps the slave open."""
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        code = ("import sys; sys.stderr.write('é' * 3_000_000); sys.stderr.write('LAST'); sys.stderr.flush();"
+                "sys.exit(3)")
+        done = run_mod.run([sys.executable, "-c", code], timeout=60, on_line=lambda _: None,
+                           terminal=slave, terminal_master=master)
+        assert done.returncode == 3 and not done.timed_out  # it ended with its leader, not on our timeout
+        assert done.stderr.endswith("LAST") and "é" in done.stderr, done.stderr[-100:]
+        assert len(done.stderr) < run_mod.STDERR_KEEP + 200, len(done.stderr)
+        assert done.stderr.count("characters of this stream were cut") == 1
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
 def test_a_long_stdout_line_without_end_is_read_in_pieces_and_short_lines_still_arrive() -> None:
     code = ("import sys; print('{\"hello\": 1}', flush=True); sys.stdout.write('y' * 5_000_000); "
             "print(); print('{\"doc\": 2}')")

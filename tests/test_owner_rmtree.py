@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -35,3 +36,27 @@ def test_a_failure_on_the_top_itself_leaves_its_parent_alone(
     owner.rmtree(str(top))
     assert stat.S_IMODE(parent.stat().st_mode) == 0o1777
     assert not top.exists()
+
+
+def test_a_recorded_command_that_hangs_is_killed_with_what_it_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """owner.before_removal: each recorded command has its timeout, and on it the command's whole group
+    goes (an engine's helper it forked included), so a sweep never waits for ever or leaves one behind."""
+    monkeypatch.setattr(owner, "BEFORE_REMOVAL_TIMEOUT", 0.5)
+    pidfile = tmp_path / "helper.pid"
+    hanging = ["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"]
+    owner.ask_before_removal(tmp_path, [hanging])
+    owner.before_removal(str(tmp_path))
+    helper = int(pidfile.read_text())
+
+    def alive() -> bool:
+        try:
+            return ") Z " not in Path(f"/proc/{helper}/stat").read_text()  # a zombie is dead
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 5
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not alive(), "the recorded command's helper outlived its timeout"
