@@ -1,18 +1,19 @@
-"""Two launches side by side, each judging only what it started.
+"""Launches side by side, each judging only what it started.
 
-A witness session makes the main launch and the lifecycle launch (which also carries the terminal
-promise) at the same time: one after the other, they were two thirds of a native run's wall time
-(bench/run_bench.py). The leftover judgement is what makes that delicate. It finds, among other
-things, orphans reparented to the harness (observer.become_subreaper) that started during the
-launch, and an orphan carries no mark of the launch it came from: the lifecycle launch's sandbox
-init, reparented to us once its launcher is SIGKILLed, would be a leftover of the main launch, and
-the main launch's clean-up would kill the very task the lifecycle promise is waiting to see go.
+Through the reference sandbox, a witness session makes the main launch while the lifecycle and
+terminal launches run beside it (harness.WitnessSession._attempt_and_more): one after the other,
+they were two thirds of a native run's wall time (bench/run_bench.py). The leftover judgement is
+what makes that delicate. It finds, among other things, orphans reparented to the harness
+(observer.become_subreaper) that started during the launch, and an orphan carries no mark of the
+launch it came from: the lifecycle launch's sandbox init, reparented to us once its launcher is
+SIGKILLed, would be a leftover of the main launch, and the main launch's clean-up would kill the very
+task the lifecycle promise is waiting to see go.
 
 So each launch claims what is its own, as it learns it (Claims.add):
 - its launcher, when started (a child of ours, started during the other launch's window);
 - its task's pid namespace and session, when the handshake reads them;
 - before the lifecycle kill orphans them, every descendant of its launcher (the sandbox's init and
-  the task), read from the host's /proc.
+  the task), read from the host's /proc (observer.descendants).
 A survivor another launch claimed is not this one's (observer.survivors, `others`), nor is it reaped
 here: reaping another launch's launcher would take its exit status from the thread that waits for it.
 
@@ -26,20 +27,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from pathlib import Path
 from typing import NamedTuple
-
-from sandbox_conformance.kernel import procfs
 
 
 class Claimed(NamedTuple):
-    """What the other launches claimed: (pid, starttime) pairs, task pid namespaces, task sessions."""
+    """What the other launches claimed: (pid, starttime) pairs (observer.host_task's start time: a
+    reused pid is another process), task pid namespaces, task sessions."""
 
-    pids: frozenset[tuple[int, str]] = frozenset()
+    pids: frozenset[tuple[int, int]] = frozenset()
     pidns: frozenset[str] = frozenset()
     sids: frozenset[int] = frozenset()
 
-    def holds(self, pid: int, starttime: str, pidns: str, sid: int) -> bool:
+    def holds(self, pid: int, starttime: int, pidns: str, sid: int) -> bool:
         return (pid, starttime) in self.pids or pidns in self.pidns or sid in self.sids
 
 
@@ -52,7 +51,7 @@ class Claims:
 
     def __init__(self, keys: Iterable[str]) -> None:
         self._lock = threading.Lock()
-        self._pids: dict[str, set[tuple[int, str]]] = {k: set() for k in keys}
+        self._pids: dict[str, set[tuple[int, int]]] = {k: set() for k in keys}
         self._pidns: dict[str, set[str]] = {k: set() for k in self._pids}
         self._sids: dict[str, set[int]] = {k: set() for k in self._pids}
         self._pending = set(self._pids)
@@ -60,7 +59,7 @@ class Claims:
         if not self._pending:
             self._all_judged.set()
 
-    def add(self, key: str, *, pids: Iterable[tuple[int, str]] = (), pidns: str | None = None,
+    def add(self, key: str, *, pids: Iterable[tuple[int, int]] = (), pidns: str | None = None,
             sid: int | None = None) -> None:
         with self._lock:
             self._pids[key].update(pids)
@@ -86,31 +85,3 @@ class Claims:
     def wait_judged(self, timeout: float) -> bool:
         """Every launch has judged (True), or `timeout` passed."""
         return self._all_judged.wait(timeout)
-
-
-def starttime(pid: int, proc: Path = Path("/proc")) -> str | None:
-    """Field 22 of /proc/PID/stat (proc(5)): with the pid, a process no reused pid can pass for."""
-    try:
-        text = procfs.read_small(proc / str(pid) / "stat")
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2 :].split()[19]
-
-
-def descendants(pid: int, proc: Path = Path("/proc")) -> list[tuple[int, str]]:
-    """Every live process below `pid` (pid and starttime), by the ppid each one's stat names: one pass
-    over /proc, whatever the tree's depth."""
-    children: dict[int, list[tuple[int, str]]] = {}
-    for name in procfs.pids(proc):
-        try:
-            text = procfs.read_small(proc / name / "stat")
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2 :].split()
-        children.setdefault(int(fields[1]), []).append((int(name), fields[19]))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child[0])
-    return out

@@ -29,7 +29,7 @@ from collections.abc import Callable, Container, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-from sandbox_conformance.conformance.claims import NONE, Claimed, Claims, descendants, starttime
+from sandbox_conformance.conformance.claims import NONE, Claimed, Claims
 from sandbox_conformance.kernel import mountinfo, procfs
 from sandbox_conformance.kernel.cgroupfs import own_cgroup
 from sandbox_conformance.kernel.errnos import errname
@@ -397,21 +397,40 @@ PTS_MAJORS = range(136, 144)  # Documentation/admin-guide/devices.txt: Unix98 PT
 def task_pids(pid: int, pidns: str, host_pidns: str, proc: Path = Path("/proc")) -> list[int]:
     """The task and every process that can share what it holds: its whole pid namespace where it has one
     of its own (the sandbox's init, its helpers), else the task and its descendants."""
-    parents: dict[int, int] = {}
-    spaces: dict[int, str] = {}
+    table = _process_table(proc)
+    if pidns and not pidns.startswith("error") and pidns != host_pidns:
+        return sorted(p for p, (_, _, ns) in table.items() if ns == pidns)
+    return sorted([pid, *(p for p, _ in _below(pid, table))])
+
+
+def descendants(pid: int, proc: Path = Path("/proc")) -> list[tuple[int, int]]:
+    """Every live process below `pid`, with its start time (conformance/claims.py's pairs)."""
+    return _below(pid, _process_table(proc))
+
+
+def _process_table(proc: Path) -> dict[int, tuple[int, int, str]]:
+    """{pid: (ppid, starttime, pid namespace)} of every process, in one pass over /proc."""
+    table: dict[int, tuple[int, int, str]] = {}
     for name in procfs.pids(proc):
         try:
-            parents[int(name)] = int(stat_fields(procfs.read_small(f"{proc}/{name}/stat"))["ppid"])
-            spaces[int(name)] = procfs.readlink(f"{proc}/{name}/ns/pid")
+            st = stat_fields(procfs.read_small(f"{proc}/{name}/stat"))
+            pidns = procfs.readlink(f"{proc}/{name}/ns/pid")
+            table[int(name)] = (int(st["ppid"]), int(st["starttime"]), pidns)
         except (OSError, ValueError):
             continue
-    if pidns and not pidns.startswith("error") and pidns != host_pidns:
-        return sorted(p for p, ns in spaces.items() if ns == pidns)
-    out, frontier = [pid], [pid]
-    while frontier:
-        frontier = [c for c, pp in parents.items() if pp in frontier and c not in out]
-        out += frontier
-    return sorted(out)
+    return table
+
+
+def _below(pid: int, table: Mapping[int, tuple[int, int, str]]) -> list[tuple[int, int]]:
+    children: dict[int, list[int]] = {}
+    for p, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(p)
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append((child, table[child][1]))
+            todo.append(child)
+    return out
 
 
 class SocketTables:
@@ -725,7 +744,7 @@ def survivors(
             pidns = procfs.readlink(f"{proc}/{name}/ns/pid")
         except (OSError, ValueError):
             continue
-        if others.holds(int(name), str(st["starttime"]), pidns, int(st["sid"])):
+        if others.holds(int(name), int(st["starttime"]), pidns, int(st["sid"])):
             continue  # another launch's, side by side with this one (conformance/claims.py)
         comm = text[text.index("(") + 1 : text.rindex(")")]  # stat's second field (proc(5))
         if st["state"] in ("Z", "X"):
@@ -874,7 +893,7 @@ class Watch:
     def on_start(self, pid: int) -> None:
         self.launcher_pid = pid
         if self.claims is not None:
-            started = starttime(pid)
+            started = host_task(pid)
             if started is not None:
                 self.claims.add(self.key, pids=[(pid, started)])
         if self.tag:

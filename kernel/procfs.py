@@ -5,16 +5,16 @@ The host-side observer and the leftover judgement read a few files of every proc
 from a launch's thread, while the witness's main thread imports and runs pytest. Each os.open,
 os.read, os.close and os.readlink gives the GIL up, and taking it back waits for the running thread
 to reach its switch interval (5 ms, sys.getswitchinterval): measured here, one scan of 70 processes'
-comm took 556 ms beside a busy thread, against 11 ms with the calls below, and the main launch's
-handshake read 30 to 60 ms instead of 2.
+comm took 556 ms beside a busy thread, against 1.4 ms with the calls below (the main launch's
+handshake read had taken 30 to 60 ms).
 
 The calls go through ctypes.PyDLL, which does not release the GIL around a foreign call (the ctypes
 documentation, "Loading shared libraries"). That is safe only for files whose read never waits on
-the target process: comm, stat (the task struct, under RCU: fs/proc/array.c do_task_stat) and the
-links of ns/ and fd/ (proc_ns_get_link, proc_fd_link). Never for environ, cmdline, mountinfo or
-status: those lock the target's memory or mount namespace, which a process stuck in the kernel holds
-for as long as it is stuck, and with the GIL held every thread here would stop with it. Those are
-read with os.read, which lets go."""
+the target process: comm, stat (fs/proc/array.c do_task_stat reads the task and its mm's counters
+without taking the mm's lock) and the links of ns/ and fd/ (proc_ns_get_link, proc_fd_link). Never
+for environ, cmdline, mountinfo or status: those lock the target's memory or mount namespace, which
+a process stuck in the kernel holds for as long as it is stuck, and with the GIL held every thread
+here would stop with it. Those are read with os.read, which lets go."""
 
 from __future__ import annotations
 

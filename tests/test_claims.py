@@ -42,7 +42,7 @@ def test_what_another_launch_claimed_is_not_this_ones_leftover() -> None:
     mine, theirs = _orphan(), _orphan()
     try:
         book = claims.Claims(("main", "end"))
-        started = claims.starttime(theirs)
+        started = observer.host_task(theirs)
         assert started is not None
         book.add("end", pids=[(theirs, started)])
         seen_by_main = _survivors(book.others("main"), since)
@@ -60,7 +60,7 @@ def test_a_claim_is_of_that_process_not_of_its_pid_reused() -> None:
     pid = _orphan()
     try:
         book = claims.Claims(("main", "end"))
-        book.add("end", pids=[(pid, "1")])  # the same number, another start: another process
+        book.add("end", pids=[(pid, 1)])  # the same number, another start: another process
         assert pid in _survivors(book.others("main"), since)
     finally:
         _reap(pid)
@@ -68,8 +68,8 @@ def test_a_claim_is_of_that_process_not_of_its_pid_reused() -> None:
 
 def test_a_launchs_pid_namespace_and_session_are_its_own() -> None:
     own = claims.Claimed(pidns=frozenset({"pid:[1]"}), sids=frozenset({7}))
-    assert own.holds(99, "5", "pid:[1]", 3) and own.holds(99, "5", "pid:[2]", 7)
-    assert not own.holds(99, "5", "pid:[2]", 3)
+    assert own.holds(99, 5, "pid:[1]", 3) and own.holds(99, 5, "pid:[2]", 7)
+    assert not own.holds(99, 5, "pid:[2]", 3)
 
 
 def test_descendants_are_the_whole_tree_below_a_process() -> None:
@@ -79,10 +79,10 @@ def test_descendants_are_the_whole_tree_below_a_process() -> None:
         below: list[tuple[int, str]] = []
         while len(below) < 3 and time.monotonic() < deadline:  # sh, its sh and the two sleeps
             time.sleep(0.02)
-            below = claims.descendants(tree.pid)
+            below = observer.descendants(tree.pid)
         comms = sorted(Path(f"/proc/{p}/comm").read_text().strip() for p, _ in below)
         assert comms.count("sleep") == 2, comms
-        assert all(claims.starttime(p) == s for p, s in below)
+        assert all(observer.host_task(p) == s for p, s in below)
     finally:
         os.killpg(tree.pid, 9)
         tree.wait(timeout=10)

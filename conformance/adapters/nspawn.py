@@ -36,6 +36,7 @@ from typing import Any
 
 from sandbox_conformance.conformance.adapters import _guardian, oci
 from sandbox_conformance.conformance.profile import expand
+from sandbox_conformance.processes import owner
 
 HOSTNAME = "sbxc-task"
 RUN_TIMEOUT = _guardian.RUN_TIMEOUT
@@ -103,7 +104,9 @@ def unavailable(euid: int | None = None) -> str | None:
 def sweep_hierarchy(name: str) -> None:
     """Mount hierarchy `name` (if it still exists), kill what is in it, remove its cgroups, unmount: the
     hierarchy is then destroyed. Run in a mount namespace of its own, so the host sees no mount."""
-    mnt = tempfile.mkdtemp(prefix="sbxc-nspawn-cg-")
+    # Stamped: a sweeper killed mid-way (a guardian still at it when the harness judges the launch's
+    # leftovers) leaves this empty directory to the next run's sweep (processes/owner.py).
+    mnt = tempfile.mkdtemp(prefix=f"sbxc-nspawn-cg-{owner.stamp()}-")
     script = (
         'mount -t cgroup -o none,name="$1" sbxc-nspawn "$2" || exit 0; '
         'for f in $(find "$2" -mindepth 2 -name cgroup.procs); do '
