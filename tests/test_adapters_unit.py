@@ -253,3 +253,38 @@ def test_the_systemd_run_prefix_carries_every_property_with_its_placeholders(tmp
     argv = external(systemd_run.prefix(tmp_path)).argv({}, values)
     assert "ReadWritePaths=/l/workdir /l/user_tmp" in argv
     assert argv[-4:] == ("python3", "-I", "-S", "-")
+
+
+def test_a_hung_hierarchy_sweep_is_killed_with_everything_it_started(tmp_path: Path, monkeypatch) -> None:
+    """nspawn's sweep runs `unshare ... sh -c`; on its timeout the whole group goes, not only the
+    leader (subprocess.run's timeout killed `unshare` alone and left the shell's children running)."""
+    import os
+    import time
+
+    from sandbox_conformance.conformance.adapters import nspawn
+
+    token = f"sbxc-sweep-test-{os.getpid()}"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # An `unshare` whose sweep hangs in a child it started, the way a stuck `find` or `sleep` would.
+    (bin_dir / token).write_text("#!/bin/sh\nsleep 300\n")
+    (bin_dir / token).chmod(0o755)
+    (bin_dir / "unshare").write_text(f"#!/bin/sh\n{bin_dir / token} &\nwait\n")
+    (bin_dir / "unshare").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(nspawn, "SWEEP_TIMEOUT", 0.5)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    started = time.monotonic()
+    nspawn.sweep_hierarchy("sbxc-nspawn-test")
+    assert time.monotonic() - started < 10
+
+    def alive() -> list[int]:
+        return [int(p) for p in os.listdir("/proc") if p.isdigit()
+                and Path(f"/proc/{p}/cmdline").exists()
+                and token.encode() in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+    deadline = time.monotonic() + 5
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert alive() == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("sbxc-nspawn-cg-")] == []

@@ -26,6 +26,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,7 @@ from sandbox_conformance.processes import owner
 
 HOSTNAME = "sbxc-task"
 RUN_TIMEOUT = _guardian.RUN_TIMEOUT
+SWEEP_TIMEOUT = 20.0  # seconds for one hierarchy's sweep (kill, rmdir, umount)
 NEED_ROOT = "systemd-nspawn needs root (it refuses otherwise: \"Need to be root\"): run without --as-user"
 
 FLAGS = (
@@ -115,12 +117,23 @@ def sweep_hierarchy(name: str) -> None:
         '  find "$2" -mindepth 1 -depth -type d -exec rmdir {} + 2>/dev/null && break; sleep 0.2; done; '
         'umount "$2"'
     )
+    # A session of its own, and on timeout the whole group is killed: subprocess.run's timeout kills
+    # only `unshare`, and the shell it execs into leaves its `find`/`sleep` children behind (issue 28).
+    sweeper = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", name, mnt],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
-        subprocess.run(
-            ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh", name, mnt],
-            stdin=subprocess.DEVNULL, capture_output=True, timeout=20, check=False,
-        )
+        sweeper.wait(timeout=SWEEP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pass
     finally:
+        try:  # noqa: SIM105 - the group may be gone already
+            os.killpg(sweeper.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        sweeper.wait()
         os.rmdir(mnt)
 
 
