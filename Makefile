@@ -17,6 +17,9 @@ $(VENV)/.installed: pyproject.toml scripts/system-deps
 	$(SYSTEM_PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	@# Bytecode now, even under PYTHONDONTWRITEBYTECODE: every witness launch ships inside.py compiled
+	@# (conformance/plan.py), read from its .pyc rather than compiled per process.
+	$(PY) -m compileall -q sandbox_conformance kernel processes probes conformance runners mrcheck commands
 	touch $@
 
 setup: $(VENV)/.installed

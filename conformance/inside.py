@@ -1,8 +1,9 @@
 # The witness program: runs INSIDE the task as `python3 -I -S -`, its source fed on stdin, so the
 # sandbox need not see any of our files. Stdlib only, imports nothing of ours, and no syntax newer
 # than Python 3.6 (the task's interpreter is the sandbox's, not ours): no f-string `=`, no walrus, no
-# `from __future__` (the harness prepends the plan line above this file, and a future import must
-# come first). Annotations are for mypy only. A def's annotations are evaluated when the def runs,
+# `from __future__` (the harness runs it after the plan line and its loader, conformance/plan.py
+# program: compiled there when the task's interpreter has our bytecode's magic number, from this
+# source otherwise). Annotations are for mypy only. A def's annotations are evaluated when the def runs,
 # so any that is not a plain builtin (`str`, `int`) is a string: "dict[str, Any]" subscripts a
 # builtin, a TypeError before 3.9. A local variable's annotation is never evaluated (PEP 526), so it
 # needs no quotes. `typing` is imported only under TYPE_CHECKING, never in the task.
@@ -14,7 +15,6 @@
 import ctypes
 import errno
 import functools
-import json
 import os
 import signal
 import socket
@@ -44,6 +44,54 @@ if TYPE_CHECKING:
     T = TypeVar("T")
     Ts = TypeVarTuple("Ts")
     PLAN: str  # the line the harness prepends (conformance/plan.py: program)
+
+
+def _json_codec() -> "tuple[Callable[[str], Any], Callable[[object], str]]":
+    """json.loads and json.dumps from json's C half, `_json`, which is what json itself runs: importing
+    the json package imports re for its pure-Python fallback (~4.5 ms of CPU at every launch's start,
+    three launches a run: bench/README.md, session 12). Any interpreter without it, or whose C half
+    takes other arguments, gets the json package."""
+    try:
+        import _json
+
+        class Context:  # what json.decoder.JSONDecoder hands the C scanner
+            strict = True
+            object_hook = None
+            object_pairs_hook = None
+            parse_float = float
+            parse_int = int
+            parse_constant = float  # NaN, Infinity, -Infinity, as json.loads reads them
+
+        def unserializable(value: object) -> "NoReturn":
+            raise TypeError("Object of type " + type(value).__name__ + " is not JSON serializable")
+
+        # typeshed types the context as a scanner; the C scanner reads only these six attributes.
+        scan = _json.make_scanner(Context())  # type: ignore[arg-type]
+        # markers=None: no cycle check (a document is a tree); separators and allow_nan as json.dumps's.
+        encode = _json.make_encoder(None, unserializable, _json.encode_basestring_ascii, None, ": ", ", ",
+                                    False, False, True)
+    except (ImportError, AttributeError, TypeError):
+        import json
+
+        return json.loads, json.dumps
+
+    def loads(text: str) -> "Any":
+        text = text.strip(" \t\n\r")
+        try:
+            value, end = scan(text, 0)  # a malformed document raises json.JSONDecodeError itself
+        except StopIteration:
+            raise ValueError("not a JSON document") from None
+        if end != len(text):
+            raise ValueError("extra data after a JSON document")
+        return value
+
+    def dumps(value: object) -> str:
+        return "".join(encode(value, 0))
+
+    return loads, dumps
+
+
+json_loads, json_dumps = _json_codec()
 
 
 # probes/errnos.errname, copied: this program runs as `python3 -I -S -` in the task, imports nothing of ours.
@@ -399,7 +447,7 @@ def _release(seconds: float) -> "dict[str, object]":
 def announce(plan: "Mapping[str, Any]") -> float:
     # From here the observer reads this process's kernel state from the host's /proc, then releases it
     # (see _release), which `handshake` waits for.
-    sys.stdout.write(json.dumps({"sbxc_ready": plan["launch_nonce"]}) + "\n")
+    sys.stdout.write(json_dumps({"sbxc_ready": plan["launch_nonce"]}) + "\n")
     sys.stdout.flush()
     return time.monotonic()
 
@@ -476,7 +524,7 @@ def in_child(fn: "Callable[[], dict[str, object]]") -> "dict[str, object]":
     if pid == 0:
         try:
             os.close(r)
-            os.write(w, json.dumps(observe(fn)).encode())
+            os.write(w, json_dumps(observe(fn)).encode())
         finally:
             os._exit(0)
     os.close(w)
@@ -493,7 +541,7 @@ def in_child(fn: "Callable[[], dict[str, object]]") -> "dict[str, object]":
         return {"ok": False, "errno": None, "absent": True, "signal": os.WTERMSIG(status)}
     if not data:
         return {"ok": False, "errno": None, "error": "the child said nothing"}
-    got: dict[str, object] = json.loads(data.decode())
+    got: dict[str, object] = json_loads(data.decode())
     return got
 
 
@@ -1296,15 +1344,15 @@ def main(plan: "Mapping[str, Any]") -> None:
     if plan.get("shm_key"):
         doc["shm"] = observe(shm_trial, plan["shm_key"])
     doc["complete"] = True
-    sys.stdout.write(json.dumps(doc) + "\n")
+    sys.stdout.write(json_dumps(doc) + "\n")
     sys.stdout.flush()
     if marker is not None:
         # The document is out: tell the harness (on the host) that the tree is in place. It kills
         # the whole leaf (cgroup.kill), us included; the sleep only bounds a harness that never does.
-        os.write(marker, (json.dumps({"pid": os.getpid(), "ready": True}) + "\n").encode())
+        os.write(marker, (json_dumps({"pid": os.getpid(), "ready": True}) + "\n").encode())
         os.close(marker)
         time.sleep(cg.get("hold_seconds", 20))
 
 
 if __name__ == "__main__":
-    main(json.loads(PLAN))  # noqa: F821 - PLAN is the line the harness prepends
+    main(json_loads(PLAN))  # noqa: F821 - PLAN is the line the harness prepends

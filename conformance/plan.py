@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import importlib.machinery
+import importlib.util
 import ipaddress
 import json
+import marshal
 import os
 import socket
 import stat
@@ -18,6 +21,7 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
+from types import CodeType
 from typing import Any, NamedTuple
 
 from sandbox_conformance.conformance.observer import Seen
@@ -578,8 +582,70 @@ def program(plan: Plan) -> str:
     """The witness program's text: the plan as its first line, then conformance/inside.py. The plan is
     compressed and base64-encoded: what the program will look at is not a list of paths, ports and
     tags for a launcher to grep (it can still decode it: docs/threat-model.md)."""
-    source = resources.files("sandbox_conformance.conformance").joinpath("inside.py").read_text()
-    return f"{_plan_line(plan.to_json())}\n{source}"
+    return f"{_plan_line(plan.to_json())}\n{_body()}"
+
+
+# The body ships conformance/inside.py twice, both compressed: compiled (marshal) and as source. A
+# task interpreter with our bytecode's magic number (the reference sandbox binds the host's /usr, so
+# its python3 is ours) runs the compiled form; any other (an image's older Python) compiles the source.
+# Compiling the 56 KB source is ~12 ms of CPU per launch, three launches a run (bench/README.md,
+# session 12); unmarshalling it is 0.2 ms. The magic number is what CPython itself compares before it
+# trusts a .pyc (importlib._bootstrap_external._classify_pyc): marshal's format is one per magic.
+_LOADER = """import base64 as _b, marshal as _m, sys as _s, zlib as _z
+_c = "{code}"
+_t = "{source}"
+def _code():
+    _e = _s.modules.get("_frozen_importlib_external")
+    if _e is not None and getattr(_e, "MAGIC_NUMBER", None) == _b.b64decode("{magic}"):
+        try:
+            return _m.loads(_z.decompress(_b.b64decode(_c)))
+        except (EOFError, ValueError, TypeError):
+            pass
+    return compile(_z.decompress(_b.b64decode(_t)).decode(), "<stdin>", "exec", dont_inherit=True)
+exec(_code())
+"""
+
+
+_packed: list[str] = []  # the body, packed once per process (conformance/harness.py launches in threads)
+_packing = threading.Lock()
+
+
+def _body() -> str:
+    with _packing:
+        if not _packed:
+            path = resources.files("sandbox_conformance.conformance").joinpath("inside.py")
+            source = path.read_text()
+            code = None
+            with contextlib.suppress(OSError, TypeError, ValueError, EOFError, ImportError):
+                # The interpreter's own bytecode cache: __pycache__/inside.*.pyc, checked against
+                # the source's mtime and size as any import is, and written if missing (pip compiles
+                # it at install). Only a file on disk has one; anything else is compiled here.
+                code = importlib.machinery.SourceFileLoader("inside", str(path)).get_code("inside")
+            _packed.append(_pack(source, code))
+        return _packed[0]
+
+
+def _pack(source: str, code: CodeType | None = None) -> str:
+    if code is None:
+        code = compile(source, "<stdin>", "exec", dont_inherit=True)
+
+    def b64(data: bytes) -> str:
+        # Level 1: 2 ms where 9 takes 20, for a body 10% bigger (a pipe's worth either way).
+        return base64.b64encode(zlib.compress(data, 1)).decode()
+
+    return _LOADER.format(code=b64(marshal.dumps(code)), source=b64(source.encode()),
+                          magic=base64.b64encode(importlib.util.MAGIC_NUMBER).decode())
+
+
+def source_of(program_text: str) -> str:
+    """inside.py's source back from a program (the negative controls that rewrite the program)."""
+    blob = program_text.split('\n_t = "', 1)[1].split('"', 1)[0]
+    return zlib.decompress(base64.b64decode(blob)).decode()
+
+
+def with_source(program_text: str, source: str) -> str:
+    """The program with another body (a control's rewritten inside.py), its plan line kept."""
+    return f"{program_text.partition(chr(10))[0]}\n{_pack(source)}"
 
 
 def _plan_line(doc: Mapping[str, Any]) -> str:

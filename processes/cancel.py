@@ -83,6 +83,7 @@ class _State:
         self.keys = itertools.count(1)
         self.guardian: subprocess.Popen[bytes] | None = None
         self.pipe: IO[bytes] | None = None
+        self.shared = False  # the pipe is a forked parent's, to the parent's guardian (forked())
         # A child writing to our stderr was stopped mid-line (pytest's progress dots in a container):
         # the verdict line must start a line of its own.
         self.mid_line = False
@@ -350,7 +351,7 @@ def _tell(msg: Mapping[str, object]) -> None:
 
 
 def _start_guardian() -> None:
-    if _state.guardian is not None:
+    if _state.guardian is not None or (_state.shared and _state.pipe is not None):
         return
     try:
         # No parent-death signal and a session of its own: it must outlive us and our group kills.
@@ -367,14 +368,17 @@ def _start_guardian() -> None:
 
 def forked() -> None:
     """In a copy of this process made by fork (processes/children.py Forked), before it does anything: what
-    install() set up was its parent's. Its guardian's pipe is closed here, so that guardian sees the
-    end of it when the parent dies, not when the copy does; the parent's groups are not ours to stop;
-    the copy's own install() starts a guardian of its own."""
+    install() set up was its parent's. The parent's groups are not ours to stop, and its guardian is
+    not ours to reap; but its pipe is kept, and the copy's own install() starts no guardian: one per
+    run, not one per process (a guardian's start is ~15 ms of CPU, bench/README.md session 12). The
+    guardian reads both writers (a line under PIPE_BUF is written whole, pipe(7)); it sees EOF, and
+    undoes what is still registered, once both have closed their ends, however each went. A copy
+    SIGKILLed while its parent lives leaves what it registered to the parent's end: the parent reaps
+    it, finishes and closes (`run` has nothing long left to do by then). The copy's keys are its own
+    (its pid in the high bits), never one its parent will use."""
     _state.lock = threading.Lock()  # single-threaded at the fork, but a fresh one costs nothing
-    if _state.pipe is not None:
-        with contextlib.suppress(OSError):
-            _state.pipe.close()  # nothing buffered to write twice: _tell flushes every message
-    _state.pipe = None
+    _state.shared = _state.pipe is not None
+    _state.keys = itertools.count(os.getpid() << 32)
     _state.guardian = None  # the parent's child: only the parent reaps it
     _state.groups.clear()
     _state.previous.clear()

@@ -15,11 +15,12 @@ every cgroup leaf, runs every command, says so on stderr, and exits.
 
 It runs in a session of its own (a group kill aimed at the owner's children never reaches it), gets
 no parent-death signal, and is stdlib-only under `-I -S`: it must start in milliseconds and import
-nothing a broken venv could break. Every `witness` and `run` starts one (`run` in native mode two)
-while its own start-up, probes and first launch want the CPU, so at start it imports only `signal`
-(for SIG_IGN; it brings enum); json when the first line comes; subprocess only when a command must
-run; never pathlib or contextlib (~10 and ~4.5 ms under -I -S), hence try/except where `suppress`
-would read better.
+nothing a broken venv could break. Every `witness` and `run` starts one (`run`'s forked witness
+shares its parent's: processes/cancel.py forked) while its own start-up, probes and first launch want
+the CPU, so at start it imports only `_signal` (for SIG_IGN: `signal` would bring enum); json's C
+half (`_json`: the package would bring re, ~9 ms of CPU in all) when the first line comes;
+subprocess only when a command must run; never pathlib or contextlib (~10 and ~4.5 ms under -I -S),
+hence try/except where `suppress` would read better.
 
 A process group is identified by its number: the kernel does not reuse a pid while a process group
 of that number has members, and the owner forgets a group as soon as it has reaped it, so the
@@ -29,13 +30,17 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import sys
 import time
 
 TYPE_CHECKING = False  # mypy takes it as true; at run time `typing` (~3 ms) is never imported
 if TYPE_CHECKING:
+    import signal
     from typing import Any
+else:
+    # signal's C half, built into the interpreter: the same functions and the constants as plain ints,
+    # without the Python half's enum (~4.5 ms of CPU of this process's start, measured with perf stat).
+    import _signal as signal
 
 GRACE = 5.0  # seconds between a group's stop signal and SIGKILL
 PROG = "sandbox-conformance guardian"
@@ -151,6 +156,22 @@ def undo(entries: dict[int, dict[str, Any]]) -> list[str]:
     return [s for s in said if s]
 
 
+def _scanner() -> Any:
+    """json.loads's C scanner (conformance/inside.py _json_codec: the same, for the same reason): it
+    returns a document and where it ended, or raises StopIteration or ValueError."""
+    import _json
+
+    class Context:  # what json.decoder.JSONDecoder hands the C scanner
+        strict = True
+        object_hook = None
+        object_pairs_hook = None
+        parse_float = float
+        parse_int = int
+        parse_constant = float
+
+    return _json.make_scanner(Context())  # type: ignore[arg-type]  # typeshed: the context is a scanner
+
+
 def main(argv: list[str]) -> int:
     owner = argv[1] if len(argv) > 1 else "?"
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGPIPE):
@@ -159,12 +180,16 @@ def main(argv: list[str]) -> int:
         # stop path closes our stdin, which is how we end.
         signal.signal(sig, signal.SIG_IGN)
     entries: dict[int, dict[str, Any]] = {}
+    scan = None
     for line in sys.stdin.buffer:
-        import json  # here, not at start: the first line comes once the owner starts something
-
+        if scan is None:  # here, not at start: the first line comes once the owner starts something
+            scan = _scanner()
         try:
-            msg = json.loads(line)
-        except ValueError:
+            text = line.decode().strip()
+            msg, end = scan(text, 0)
+        except (StopIteration, ValueError):  # not a document (a malformed one: JSONDecodeError)
+            continue
+        if end != len(text) or not isinstance(msg, dict):
             continue
         if "done" in msg:
             entries.pop(int(msg["done"]), None)

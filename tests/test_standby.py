@@ -43,8 +43,13 @@ SCENARIO = textwrap.dedent("""
         except OSError:
             inherited = False
         said = handover.await_go(fd)
-        facts = {"said": said, "session_leader": os.getsid(0) == os.getpid(), "pid": os.getpid(),
-                 "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+        sigterm_default = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        cancel.install("copy")  # as the witness command does: no guardian of its own
+        shares = cancel.guardian_pid() is None and cancel._state.pipe is not None
+        key = next(cancel._state.keys)
+        facts = {"shares_guardian": shares, "own_keys": key >= os.getpid() << 32,
+                 "said": said, "session_leader": os.getsid(0) == os.getpid(), "pid": os.getpid(),
+                 "sigterm_default": sigterm_default,
                  "parent_pipe_open": inherited, "env": os.environ.get("SANDBOX_CONFORMANCE_CGROUP_ROOT"),
                  "values": {k: v for k, v in values.items() if k != "standby_fd"},
                  "fd": fd}
@@ -88,7 +93,9 @@ def test_go_hands_the_findings_to_a_forked_child_in_a_session_of_its_own(tmp_pat
     assert doc["as_user"] is None and doc["environ"] == {"SANDBOX_CONFORMANCE_CGROUP_ROOT": "/dropped"}, \
         "made for root in the run's environment, which the child's differs from: it will re-probe"
     assert child["session_leader"], "a group of its own: a timeout kills all of it"
-    assert child["parent_pipe_open"] is False, "the run's guardian pipe is closed in the copy"
+    assert child["parent_pipe_open"] is True, "the run's guardian pipe is kept in the copy"
+    assert child["shares_guardian"], "the copy's install() starts no guardian: it writes to the run's"
+    assert child["own_keys"], "the copy's registration keys are its own, never one its parent will use"
     assert child["sigterm_default"], "the parent's stop handlers are not the copy's until it installs its own"
     assert child["env"] is None, "native mode's environment: the inherited cgroup root is dropped"
     # Its options as data, not an argv to parse again: the record's fields, and the pipe.

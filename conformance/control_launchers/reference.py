@@ -496,10 +496,13 @@ def _decoy(spec: Mapping[str, object], body: list[str], python: str) -> list[str
 
 
 def _late_seccomp() -> None:
+    from sandbox_conformance.conformance.plan import source_of, with_source
+
     program = sys.stdin.read()
-    if READY_LINE not in program:
+    source = source_of(program)
+    if READY_LINE not in source:
         raise SandboxNotSetUp("the witness program has no handshake line to put the filter before")
-    _feed(program.replace(READY_LINE, LATE_SECCOMP + READY_LINE, 1))
+    _feed(with_source(program, source.replace(READY_LINE, LATE_SECCOMP + READY_LINE, 1)))
 
 
 def _looks_like_a_witness_run(signal_: str, cmd: Sequence[str]) -> bool:
