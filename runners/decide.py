@@ -296,7 +296,6 @@ def _engine_refusal(engine: Finding) -> str:
 def decide(request: Request, findings: Sequence[Finding] | Mapping[str, Finding]) -> Decision:
     by = dict(findings) if isinstance(findings, Mapping) else {f.probe: f for f in findings}
     by = {pid: by.get(pid) or _missing(pid) for pid in NEEDED}
-    mode = request.mode
 
     # 1. Inside a sandbox: no mode opens this.
     if by["sandboxed"].verdict is Verdict.detected:
@@ -307,115 +306,158 @@ def decide(request: Request, findings: Sequence[Finding] | Mapping[str, Finding]
             ways.append(CAUSE_WAY_ON[str(by["userns"].facts["cause"])])
         return _refuse(reason, because=because, ways_on=ways)
 
+    # 2. The mode: what was asked for, or what auto finds; each may refuse.
     notes: list[str] = []
-    dep = by["deployment"]
-    deployment_host = False
+    guard = _deployment(by["deployment"], notes)
+    chosen = MODE_CHOOSERS[request.mode](by, guard, notes)
+    if isinstance(chosen, Decision):
+        return chosen
+    resolved, reasons = chosen
+
+    # 3. What the chosen mode still needs, and what it will not test here.
+    if request.delegate:
+        refused = _delegation_refused(by, resolved, reasons, notes)
+        if refused is not None:
+            return refused
+    if resolved is Mode.native:
+        notes += _native_notes(by, delegate=request.delegate)
+    return Decision(resolved, tuple(reasons), (), tuple(notes), delegate=request.delegate)
+
+
+class _Guard(NamedTuple):
+    """What the deployment guard found: whether this counts as a deployment host, and the line that
+    says so ("" when it does not)."""
+
+    host: bool
+    line: str
+
+
+# A mode chosen: the mode and why, or the refusal.
+_Chosen = tuple[Mode, list[str]] | Decision
+
+WAYS_ON_DEPLOYMENT = ("--mode container: run the suite in a privileged container on this host",
+                      "--mode native: run it natively here, meaning it")
+
+
+def _deployment(dep: Finding, notes: list[str]) -> _Guard:
     if dep.verdict is Verdict.detected:
-        deployment_host = True
         matches = ", ".join(str(m) for m in dep.facts.get("matches", ())) or dep.reason
-        dep_line = f"this is a deployment host (signature matched: {matches})"
-    elif dep.verdict is Verdict.not_detected:
-        dep_line = ""
-    elif dep.facts.get("configured") is False and not dep.facts.get("errors"):
+        return _Guard(True, f"this is a deployment host (signature matched: {matches})")
+    if dep.verdict is Verdict.not_detected:
+        return _Guard(False, "")
+    if dep.facts.get("configured") is False and not dep.facts.get("errors"):
         where = dep.facts.get("declare_at")
         hint = f"declare one at {where} (schema: README, 'The deployment guard')" if where else SIGNATURE_HINT
         notes.append(f"no deployment signature configured: the guard had nothing to check; {hint}")
-        dep_line = ""
-    else:
-        # Configured but an arm could not run, a malformed signature file, or the probe itself
-        # failed: the dangerous answer is the false negative, so this counts as a deployment host
-        # under auto.
-        deployment_host = True
-        dep_line = f"the deployment signature could not be checked ({dep.reason})"
+        return _Guard(False, "")
+    # Configured but an arm could not run, a malformed signature file, or the probe itself failed: the
+    # dangerous answer is the false negative, so this counts as a deployment host under auto.
+    return _Guard(True, f"the deployment signature could not be checked ({dep.reason})")
 
-    ways_on_deployment = ["--mode container: run the suite in a privileged container on this host",
-                          "--mode native: run it natively here, meaning it"]
-    engine = by["container_engine"]
-    plat = by["platform"]
+
+def _auto(by: Mapping[str, Finding], guard: _Guard, notes: list[str]) -> _Chosen:
+    if guard.host:
+        return _refuse(f"{guard.line}; auto will not pick a mode here", ways_on=WAYS_ON_DEPLOYMENT,
+                       notes=notes)
+    engine, plat = by["container_engine"], by["platform"]
     container = _container(plat)
-
-    if mode is Mode.auto:
-        if deployment_host:
-            return _refuse(f"{dep_line}; auto will not pick a mode here", ways_on=ways_on_deployment,
-                           notes=notes)
-        blockers = _native_blockers(by)
-        if not blockers:
-            resolved = Mode.native
-            reasons = ["auto: Linux, bwrap creates user, network and pid namespaces (with a fresh /proc) "
-                       "here, not sandboxed, not a deployment host"]
-            if container:
-                reasons.append(f"inside {container} (platform: {plat.reason}): the suite tests bwrap as "
-                               "this container lets it run")
-        elif engine.verdict is Verdict.supported:
-            resolved = Mode.container
-            reasons = [f"auto: native is not possible here, and {engine.facts.get('cli') or 'the engine'} "
-                       f"is reachable ({engine.reason})", *(f"native: {b.line}" for b in blockers)]
-            if container:
-                reasons.append(f"inside {container} (platform: {plat.reason}): the native blockers are "
-                               "this container's limits")
-        else:
-            where = f", inside {container}" if container else ""
-            return _refuse(f"auto found neither a native sandbox ({'; '.join(b.short for b in blockers)}) "
-                           f"nor a reachable container engine{where}",
-                           because=[*(f"native: {b.line}" for b in blockers),
-                                    *([f"platform: {plat.reason}"] if container else []),
-                                    f"container: {_engine_refusal(engine)}"],
-                           ways_on=_refusal_ways_on(blockers, engine),
-                           notes=notes)
-    elif mode is Mode.native:
-        not_linux = _not_linux(by["platform"])
-        if not_linux:
-            return _refuse(f"native mode needs a Linux kernel: {not_linux}",
-                           ways_on=["--mode container with docker or podman"], notes=notes)
-        resolved = Mode.native
-        reasons = ["--mode native given"]
+    blockers = _native_blockers(by)
+    if not blockers:
+        reasons = ["auto: Linux, bwrap creates user, network and pid namespaces (with a fresh /proc) "
+                   "here, not sandboxed, not a deployment host"]
         if container:
-            reasons.append(f"inside {container} (platform: {plat.reason})")
-        if dep_line:
-            notes.append(f"{dep_line}; running natively because --mode native was given")
-        # The user means it; still say which known host limitation the reference launcher will meet,
-        # so a red run is never a mystery.
-        for b in _native_blockers(by):
-            if b.probe in ("bwrap", *LAUNCHER_RUNGS):
-                notes.append(f"--mode native given although {b.line}: the reference launcher's tasks "
-                             "cannot start here")
-    elif mode is Mode.vm:
-        # `auto` never picks the VM (slow under TCG, and it tests a borrowed kernel, not this one):
-        # only an explicit --mode vm gets here. qemu and the image are checked by runners/vm/mode.py,
-        # which refuses with 75 naming what is missing.
-        not_linux = _not_linux(by["platform"])
-        if not_linux:
-            return _refuse(f"vm mode shares this host's / with the guest over 9p and needs a Linux host: "
-                           f"{not_linux}", ways_on=["--mode container with docker or podman"], notes=notes)
-        resolved = Mode.vm
-        reasons = ["--mode vm given: the suite runs in a Debian kernel under qemu with a pure cgroup v2 "
-                   "hierarchy, the host's / shared read-only"]
-        if dep_line:
-            notes.append(f"{dep_line}; running in a VM because --mode vm was given")
-    else:
-        if engine.verdict is not Verdict.supported:
-            return _refuse(f"container mode cannot run: {_engine_refusal(engine)}",
-                           ways_on=["start the docker or podman daemon, or set DOCKER_HOST/CONTAINER_HOST",
-                                    "or --mode native"], notes=notes)
-        resolved = Mode.container
-        reasons = [f"--mode container given; engine {engine.facts.get('cli') or '?'} reachable"]
-        if dep_line:
-            notes.append(f"{dep_line}; running in a container because --mode container was given")
+            reasons.append(f"inside {container} (platform: {plat.reason}): the suite tests bwrap as "
+                           "this container lets it run")
+        return Mode.native, reasons
+    if engine.verdict is Verdict.supported:
+        reasons = [f"auto: native is not possible here, and {engine.facts.get('cli') or 'the engine'} "
+                   f"is reachable ({engine.reason})", *(f"native: {b.line}" for b in blockers)]
+        if container:
+            reasons.append(f"inside {container} (platform: {plat.reason}): the native blockers are "
+                           "this container's limits")
+        return Mode.container, reasons
+    where = f", inside {container}" if container else ""
+    return _refuse(f"auto found neither a native sandbox ({'; '.join(b.short for b in blockers)}) "
+                   f"nor a reachable container engine{where}",
+                   because=[*(f"native: {b.line}" for b in blockers),
+                            *([f"platform: {plat.reason}"] if container else []),
+                            f"container: {_engine_refusal(engine)}"],
+                   ways_on=_refusal_ways_on(blockers, engine),
+                   notes=notes)
 
-    if request.delegate:
-        if resolved is not Mode.native:
-            return _refuse(f"--delegate asks for a native run under systemd-run, but the mode is {resolved}",
-                           because=reasons, ways_on=["drop --delegate", "or --mode native --delegate"],
-                           notes=notes)
-        su = by["systemd_user"]
-        if su.verdict is not Verdict.supported:
-            return _refuse(f"--delegate needs a reachable systemd user manager: {su.verdict}: {su.reason}",
-                           ways_on=["run without --delegate (cgroup witnesses then skip with the probe's "
-                                    "reason)",
-                                    "log in with a systemd user session (or enable lingering) and retry"],
-                           notes=notes)
+
+def _native(by: Mapping[str, Finding], guard: _Guard, notes: list[str]) -> _Chosen:
+    plat = by["platform"]
+    not_linux = _not_linux(plat)
+    if not_linux:
+        return _refuse(f"native mode needs a Linux kernel: {not_linux}",
+                       ways_on=["--mode container with docker or podman"], notes=notes)
+    reasons = ["--mode native given"]
+    container = _container(plat)
+    if container:
+        reasons.append(f"inside {container} (platform: {plat.reason})")
+    if guard.line:
+        notes.append(f"{guard.line}; running natively because --mode native was given")
+    # The user means it; still say which known host limitation the reference launcher will meet, so a
+    # red run is never a mystery.
+    for b in _native_blockers(by):
+        if b.probe in ("bwrap", *LAUNCHER_RUNGS):
+            notes.append(f"--mode native given although {b.line}: the reference launcher's tasks "
+                         "cannot start here")
+    return Mode.native, reasons
+
+
+def _vm(by: Mapping[str, Finding], guard: _Guard, notes: list[str]) -> _Chosen:
+    # `auto` never picks the VM (slow under TCG, and it tests a borrowed kernel, not this one): only an
+    # explicit --mode vm gets here. qemu and the image are checked by runners/vm/mode.py, which refuses
+    # with 75 naming what is missing.
+    not_linux = _not_linux(by["platform"])
+    if not_linux:
+        return _refuse(f"vm mode shares this host's / with the guest over 9p and needs a Linux host: "
+                       f"{not_linux}", ways_on=["--mode container with docker or podman"], notes=notes)
+    reasons = ["--mode vm given: the suite runs in a Debian kernel under qemu with a pure cgroup v2 "
+               "hierarchy, the host's / shared read-only"]
+    if guard.line:
+        notes.append(f"{guard.line}; running in a VM because --mode vm was given")
+    return Mode.vm, reasons
+
+
+def _container_mode(by: Mapping[str, Finding], guard: _Guard, notes: list[str]) -> _Chosen:
+    engine = by["container_engine"]
+    if engine.verdict is not Verdict.supported:
+        return _refuse(f"container mode cannot run: {_engine_refusal(engine)}",
+                       ways_on=["start the docker or podman daemon, or set DOCKER_HOST/CONTAINER_HOST",
+                                "or --mode native"], notes=notes)
+    reasons = [f"--mode container given; engine {engine.facts.get('cli') or '?'} reachable"]
+    if guard.line:
+        notes.append(f"{guard.line}; running in a container because --mode container was given")
+    return Mode.container, reasons
+
+
+MODE_CHOOSERS = {Mode.auto: _auto, Mode.native: _native, Mode.vm: _vm, Mode.container: _container_mode}
+
+
+def _delegation_refused(by: Mapping[str, Finding], resolved: Mode, reasons: Sequence[str],
+                        notes: list[str]) -> Decision | None:
+    if resolved is not Mode.native:
+        return _refuse(f"--delegate asks for a native run under systemd-run, but the mode is {resolved}",
+                       because=reasons, ways_on=["drop --delegate", "or --mode native --delegate"],
+                       notes=notes)
+    su = by["systemd_user"]
+    if su.verdict is not Verdict.supported:
+        return _refuse(f"--delegate needs a reachable systemd user manager: {su.verdict}: {su.reason}",
+                       ways_on=["run without --delegate (cgroup witnesses then skip with the probe's "
+                                "reason)",
+                                "log in with a systemd user session (or enable lingering) and retry"],
+                       notes=notes)
+    return None
+
+
+def _native_notes(by: Mapping[str, Finding], *, delegate: bool) -> list[str]:
+    """What a native run will not test here, said before it starts."""
+    notes = []
     nested = by["disable_userns"]
-    if resolved is Mode.native and nested.verdict is not Verdict.supported:
+    if nested.verdict is not Verdict.supported:
         cause = nested.facts.get("cause")
         way = CAUSE_WAY_ON.get(str(cause))
         notes.append(f"disable_userns: {nested.verdict}" + (f" ({cause})" if cause else "")
@@ -423,7 +465,7 @@ def decide(request: Request, findings: Sequence[Finding] | Mapping[str, Finding]
                      "nested-user-namespace witness is not tested (a failure under --require)"
                      + (f"; way on: {way}" if way else ""))
     cg = by["cgroup.delegation"]
-    if resolved is Mode.native and not request.delegate and cg.verdict is not Verdict.supported:
+    if not delegate and cg.verdict is not Verdict.supported:
         notes.append(f"the cgroup witnesses cannot run natively here (cgroup.delegation: {cg.verdict}: "
                      f"{cg.reason}); --mode vm boots a kernel with a pure cgroup v2 hierarchy where they can")
-    return Decision(resolved, tuple(reasons), (), tuple(notes), delegate=request.delegate)
+    return notes

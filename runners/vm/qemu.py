@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import IO
 
 from sandbox_conformance.processes import owner
-from sandbox_conformance.processes.children import Runner, minimal_env, run
+from sandbox_conformance.processes.children import Completed, Runner, minimal_env, run
 from sandbox_conformance.processes.exits import Refusal
 from sandbox_conformance.runners.progress import HEARTBEAT, Progress, Stage
 from sandbox_conformance.runners.vm import image as vm_image
@@ -251,101 +251,126 @@ def run_in_vm(argv: Sequence[str], *, workdir: Path, timeout: float, env: Mappin
         shutil.rmtree(control)
     control.mkdir()
     try:
-        shutil.copyfile(STAGE2, control / "stage2.py")
-        request = {"argv": list(argv), "env": dict(env if env is not None else minimal_env()),
-                   "cwd": cwd or "/", "timeout": timeout}
-        (control / "request.json").write_text(json.dumps(request))
-        files = dict(seed or {})
-        kernel_args: list[str] = []
-        budget = BOOT_BUDGET
-        if systemd is not None:
-            files.update(systemd.units(workdir))
-            kernel_args = systemd.kernel_args()
-            budget = systemd.boot_budget
-        for path, text in files.items():
-            dest = control / "root" / path.lstrip("/")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_text(text)
-        console = control / "console.log"
+        kernel_args, budget = _stage(control, workdir, argv, env=env, cwd=cwd, timeout=timeout, seed=seed,
+                                     systemd=systemd)
         started = time.monotonic()
         progress = progress or Progress.off()
         events = _Events(progress)
         follower = _Follow(control, live, events if progress.enabled else None) \
             if live or progress.enabled else None
-        hung: list[float] = []
         try:
-            for attempt in range(BOOT_ATTEMPTS):
-                boot = progress.begin("vm boot" + (f" (attempt {attempt + 1})" if attempt else ""),
-                                      heartbeat=HEARTBEAT)
-                events.booted = _boot_ender(boot, control, accel)
-                # A guest that never reaches stage2 is killed after BOOT_BUDGET and booted once more,
-                # instead of spinning until the whole timeout: seen once under TCG on a loaded host,
-                # qemu at 2 cores' worth of CPU with nothing on the console for 11 minutes.
-                watchdog = _BootWatchdog(control, workdir, budget, booted=events.booted)
-                try:
-                    done = runner(qemu_argv(image, workdir, accel, memory_mb=memory_mb, cpus=cpus,
-                                            console=console, as_root=os.geteuid() == 0,
-                                            kernel_args=kernel_args),
-                                  # qemu is ours, not a launcher: found on the caller's PATH, as
-                                  # the check before the boot found it (not minimal_env's fixed one).
-                                  timeout=timeout + budget,
-                                  env=minimal_env({"PATH": os.environ.get("PATH", "/usr/bin:/bin")}))
-                except BaseException as e:  # a cancelled run: the stage says it stopped, then on up
-                    boot.end(type(e).__name__, word="stopped after")
-                    raise
-                finally:
-                    watchdog.stop()
-                if (control / BOOT_FILE).exists():
-                    events.booted()  # a command quicker than both pollers: its boot ended all the same
-                elif watchdog.fired:
-                    boot.end(f"no stage 2 within {budget:.0f}s", word="stopped after")
-                else:
-                    boot.end("qemu exited before stage 2", word="stopped after")
-                if not watchdog.fired:
-                    break
-                hung.append(budget)
-                if attempt + 1 < BOOT_ATTEMPTS:
-                    (control / f"console.hung-{attempt}.log").write_bytes(
-                        console.read_bytes() if console.exists() else b"")
+            done, hung = _boot(control, workdir, image, accel, runner, progress, events, budget=budget,
+                               timeout=timeout, memory_mb=memory_mb, cpus=cpus, kernel_args=kernel_args)
         finally:
             if follower:
                 follower.stop()
             # A stage the command began and never ended (killed at its timeout, a cancelled run).
             events.close("the VM ended")
-        wall = time.monotonic() - started
-        console_text = _read(console) or ""
-        code_text = _read(control / "exit_code")
-        boot_text = _read(control / "boot_seconds")
-        exit_code = int(code_text) if code_text and code_text.strip().lstrip("-").isdigit() else None
-        error = None
-        if exit_code is None:
-            stage2 = _read(control / "stage2.log") or ""
-            if hung and len(hung) == BOOT_ATTEMPTS:
-                last = _tail(console_text) or "nothing on the console"
-                error = (f"the guest did not start the command within {budget:.0f} s of boot, "
-                         f"{BOOT_ATTEMPTS} times ({accel}): {last}")
-            elif done.timed_out:
-                error = f"qemu killed after {timeout + budget:.0f} s ({accel}): no exit code"
-            elif done.not_found:
-                error = done.stderr.strip()
-            else:
-                why = (_tail(stage2) or _tail(done.stderr) or _tail(console_text)
-                       or f"qemu exit {done.returncode}")
-                error = f"the guest never reported an exit code ({accel}): {why}"
-        return VmResult(
-            exit_code=exit_code,
-            stdout=_read(control / "stdout") or "",
-            stderr=_read(control / "stderr") or "",
-            boot_seconds=float(boot_text) if boot_text else None,
-            wall_seconds=wall,
-            accel=accel,
-            console=console_text,
-            error=error,
-            timed_out=done.timed_out,
-            hung_boots=len(hung),
-        )
+        return _result(control, done, hung, accel, budget=budget, timeout=timeout,
+                       wall=time.monotonic() - started)
     finally:
         shutil.rmtree(control, ignore_errors=True)
+
+
+def _stage(control: Path, workdir: Path, argv: Sequence[str], *, env: Mapping[str, str] | None,
+           cwd: str | None, timeout: float, seed: Mapping[str, str] | None,
+           systemd: SystemdGuest | None) -> tuple[list[str], float]:
+    """The control directory the guest's stage 2 reads: itself, the request, and the files laid over
+    the guest's root. Returns the kernel arguments and the boot budget."""
+    shutil.copyfile(STAGE2, control / "stage2.py")
+    request = {"argv": list(argv), "env": dict(env if env is not None else minimal_env()),
+               "cwd": cwd or "/", "timeout": timeout}
+    (control / "request.json").write_text(json.dumps(request))
+    files = dict(seed or {})
+    kernel_args: list[str] = []
+    budget = BOOT_BUDGET
+    if systemd is not None:
+        files.update(systemd.units(workdir))
+        kernel_args = systemd.kernel_args()
+        budget = systemd.boot_budget
+    for path, text in files.items():
+        dest = control / "root" / path.lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text)
+    return kernel_args, budget
+
+
+def _boot(control: Path, workdir: Path, image: VmImage, accel: Accel, runner: Runner, progress: Progress,
+          events: _Events, *, budget: float, timeout: float, memory_mb: int, cpus: int,
+          kernel_args: Sequence[str]) -> tuple[Completed, list[float]]:
+    """qemu, booted up to BOOT_ATTEMPTS times: its last run, and the budget of each boot that hung."""
+    console = control / "console.log"
+    hung: list[float] = []
+    for attempt in range(BOOT_ATTEMPTS):
+        boot = progress.begin("vm boot" + (f" (attempt {attempt + 1})" if attempt else ""),
+                              heartbeat=HEARTBEAT)
+        events.booted = _boot_ender(boot, control, accel)
+        # A guest that never reaches stage2 is killed after BOOT_BUDGET and booted once more, instead
+        # of spinning until the whole timeout: seen once under TCG on a loaded host, qemu at 2 cores'
+        # worth of CPU with nothing on the console for 11 minutes.
+        watchdog = _BootWatchdog(control, workdir, budget, booted=events.booted)
+        try:
+            done = runner(qemu_argv(image, workdir, accel, memory_mb=memory_mb, cpus=cpus,
+                                    console=console, as_root=os.geteuid() == 0,
+                                    kernel_args=list(kernel_args)),
+                          # qemu is ours, not a launcher: found on the caller's PATH, as the check
+                          # before the boot found it (not minimal_env's fixed one).
+                          timeout=timeout + budget,
+                          env=minimal_env({"PATH": os.environ.get("PATH", "/usr/bin:/bin")}))
+        except BaseException as e:  # a cancelled run: the stage says it stopped, then on up
+            boot.end(type(e).__name__, word="stopped after")
+            raise
+        finally:
+            watchdog.stop()
+        if (control / BOOT_FILE).exists():
+            events.booted()  # a command quicker than both pollers: its boot ended all the same
+        elif watchdog.fired:
+            boot.end(f"no stage 2 within {budget:.0f}s", word="stopped after")
+        else:
+            boot.end("qemu exited before stage 2", word="stopped after")
+        if not watchdog.fired:
+            break
+        hung.append(budget)
+        if attempt + 1 < BOOT_ATTEMPTS:
+            (control / f"console.hung-{attempt}.log").write_bytes(
+                console.read_bytes() if console.exists() else b"")
+    return done, hung
+
+
+def _result(control: Path, done: Completed, hung: Sequence[float], accel: Accel, *, budget: float,
+            timeout: float, wall: float) -> VmResult:
+    """What the guest left in the control directory, and why there is no exit code where there is none."""
+    console_text = _read(control / "console.log") or ""
+    code_text = _read(control / "exit_code")
+    boot_text = _read(control / "boot_seconds")
+    exit_code = int(code_text) if code_text and code_text.strip().lstrip("-").isdigit() else None
+    error = None
+    if exit_code is None:
+        stage2 = _read(control / "stage2.log") or ""
+        if hung and len(hung) == BOOT_ATTEMPTS:
+            last = _tail(console_text) or "nothing on the console"
+            error = (f"the guest did not start the command within {budget:.0f} s of boot, "
+                     f"{BOOT_ATTEMPTS} times ({accel}): {last}")
+        elif done.timed_out:
+            error = f"qemu killed after {timeout + budget:.0f} s ({accel}): no exit code"
+        elif done.not_found:
+            error = done.stderr.strip()
+        else:
+            why = (_tail(stage2) or _tail(done.stderr) or _tail(console_text)
+                   or f"qemu exit {done.returncode}")
+            error = f"the guest never reported an exit code ({accel}): {why}"
+    return VmResult(
+        exit_code=exit_code,
+        stdout=_read(control / "stdout") or "",
+        stderr=_read(control / "stderr") or "",
+        boot_seconds=float(boot_text) if boot_text else None,
+        wall_seconds=wall,
+        accel=accel,
+        console=console_text,
+        error=error,
+        timed_out=done.timed_out,
+        hung_boots=len(hung),
+    )
 
 
 def _boot_ender(boot: Stage, control: Path, accel: Accel) -> Callable[[], None]:
