@@ -452,7 +452,7 @@ signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
 ctypes.CDLL(None).prctl(15, ctypes.c_char_p(sys.argv[1].encode()), 0, 0, 0)
 signal.sigtimedwait([signal.SIGUSR1], float(sys.argv[2]))
 """
-READY_LINE = '    sys.stdout.write(json.dumps({"sbxc_ready": plan["launch_nonce"]}) + "\\n")\n'
+READY_LINE = '    sys.stdout.write(json_dumps({"sbxc_ready": plan["launch_nonce"]}) + "\\n")\n'
 # PR_SET_SECCOMP (22), SECCOMP_MODE_FILTER (2), a filter of one instruction: SECCOMP_RET_ALLOW. It changes
 # nothing the task may do, only what the host reads in /proc/PID/status (Seccomp: 0 -> 2).
 LATE_SECCOMP = """    import ctypes as _c, struct as _s
