@@ -31,7 +31,9 @@ options:
     type: str
     default: sandbox-conformance
   mode:
-    description: Where the suite may run (C(run --mode)).
+    description:
+      - Where the suite may run (C(--mode)).
+      - The module always passes it, so the target's C(SANDBOX_CONFORMANCE_MODE) does not apply.
     type: str
     choices: [auto, native, container, vm]
     default: auto
@@ -46,6 +48,41 @@ options:
     type: str
   as_user:
     description: Launch tasks as this user; native mode, root only (C(--as-user)).
+    type: str
+  launcher_spec:
+    description: Give the launcher the task spec, named by C(SANDBOX_CONFORMANCE_TASK_SPEC)
+      (C(--launcher-spec)).
+    type: bool
+    default: false
+  launcher_stdin:
+    description: Run C(PREFIX python3 -I -S -) with the witness program on stdin (C(--launcher-stdin)).
+    type: bool
+    default: false
+  launcher_env:
+    description: C(NAME=VALUE), or C(NAME) passed from the run's environment, in the launcher's
+      environment (C(--launcher-env), once each).
+    type: list
+    elements: str
+    default: []
+  layout_root:
+    description: Make each task's layout under this directory on the target (C(--layout-root)).
+    type: path
+  only:
+    description: Run only these promises (C(--only), once each).
+    type: list
+    elements: str
+    default: []
+  skip:
+    description: Leave these promises out (C(--skip), once each).
+    type: list
+    elements: str
+    default: []
+  launch_timeout:
+    description: Seconds one task launch may take (C(--launch-timeout)).
+    type: float
+  host_cannot_observe:
+    description: Why the target's kernel cannot see the launcher's tasks, a VM or a user-space kernel
+      (C(--host-cannot-observe)).
     type: str
   require:
     description: Turn every skip into a failure (C(--require)).
@@ -66,7 +103,7 @@ options:
     default: {}
   timeout:
     description:
-      - Seconds per witness run (C(run --timeout)).
+      - Seconds per witness run (C(--timeout)).
       - The whole run is killed with its process group after 1800 + 2 * timeout + 600 seconds (a
         container build, two legs, set-up).
     type: float
@@ -139,15 +176,35 @@ BUILD_SECONDS = 1800
 SETUP_SECONDS = 600
 
 
+# Every option that stands for a `run` flag, and the flag. tests/test_fleet_options.py checks each
+# against `run`'s own parser (its options come from conformance/options.py's table): the flag, its type,
+# default and choices, and that DOCUMENTATION and argument_spec below say the same. This file is copied
+# to the target alone, so it cannot read the table itself.
+FLAGS = (
+    ("mode", "--mode"), ("timeout", "--timeout"), ("profile", "--profile"), ("adapter", "--adapter"),
+    ("launcher", "--launcher"), ("launcher_spec", "--launcher-spec"), ("launcher_stdin", "--launcher-stdin"),
+    ("launcher_env", "--launcher-env"), ("layout_root", "--layout-root"), ("only", "--only"),
+    ("skip", "--skip"), ("as_user", "--as-user"), ("require", "--require"),
+    ("expected_skips", "--expected-skips"), ("launch_timeout", "--launch-timeout"),
+    ("host_cannot_observe", "--host-cannot-observe"), ("image", "--image"), ("base_image", "--base-image"),
+)
+
+
 def run_argv(cli, p):
-    argv = [cli, "run", "--mode", p["mode"], "--timeout", f"{p['timeout']:g}"]
-    for flag, key in (("--profile", "profile"), ("--adapter", "adapter"), ("--launcher", "launcher"),
-                      ("--as-user", "as_user"), ("--expected-skips", "expected_skips"),
-                      ("--image", "image"), ("--base-image", "base_image")):
-        if p[key]:
-            argv += [flag, p[key]]
-    if p["require"]:
-        argv.append("--require")
+    argv = [cli, "run"]
+    for key, flag in FLAGS:
+        value = p[key]
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, list):
+            for item in value:
+                argv += [flag, str(item)]
+        elif isinstance(value, float):
+            argv += [flag, f"{value:g}"]
+        elif value != "":
+            argv += [flag, value]
     return [*argv,
             "--json", os.path.join(p["report_dir"], "witness.json"),
             "--junitxml", os.path.join(p["report_dir"], "witness.xml")]
@@ -199,6 +256,14 @@ def main():
             "profile": {"type": "path"},
             "adapter": {"type": "str"},
             "launcher": {"type": "str"},
+            "launcher_spec": {"type": "bool", "default": False},
+            "launcher_stdin": {"type": "bool", "default": False},
+            "launcher_env": {"type": "list", "elements": "str", "default": []},
+            "layout_root": {"type": "path"},
+            "only": {"type": "list", "elements": "str", "default": []},
+            "skip": {"type": "list", "elements": "str", "default": []},
+            "launch_timeout": {"type": "float"},
+            "host_cannot_observe": {"type": "str"},
             "as_user": {"type": "str"},
             "require": {"type": "bool", "default": False},
             "expected_skips": {"type": "path"},
