@@ -39,6 +39,24 @@ def test_a_red_report_validates_too(tmp_path: Path, root_only: None) -> None:
     report = json.loads((tmp_path / "r.json").read_text())
     jsonschema.validate(report, schema("witness-report"))
     assert any(p["verdict"] == "BROKEN" for p in report["promises"])
+    # What a person reads last, as data: the summary line verbatim (no colour in a pipe), and no
+    # problem printed after the table that the report does not list.
+    printed = done.stdout.strip().splitlines()
+    assert report["summary"]["line"] == printed[-1]
+    assert all(problem in printed for problem in report["problems"])
+
+
+def test_a_reports_problems_are_the_lines_printed_after_the_table(tmp_path: Path) -> None:
+    done = witness("--launcher", "false", "--json", str(tmp_path / "r.json"))
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    jsonschema.validate(report, schema("witness-report"))
+    printed = done.stdout.strip().splitlines()
+    # One launcher failure: said once after the table, and in each row's detail in the report.
+    [problem] = report["problems"]
+    assert problem.startswith("harness error: launcher 'false': exited 1") and problem in printed[:-1]
+    assert {p["detail"] for p in report["promises"]} == {problem}
+    assert report["summary"]["line"] == printed[-1]
 
 
 def test_the_task_spec_an_external_launcher_reads_validates(tmp_path: Path, root_only: None) -> None:
