@@ -15,7 +15,7 @@ import gc
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -415,9 +415,11 @@ def _pytest_argv(args: argparse.Namespace, junit: Path | None = None) -> list[st
 def _document(args: argparse.Namespace, settings: Settings, code: int, rc: int,
               lines: list[Row], results: list[_Result], skip_problem: str | None,
               tasks: list[Task], launcher_name: str, remedy: dict[str, remedies.Remedy],
-              launches: int = 0) -> dict[str, Any]:
+              launches: int = 0, summary: str = "", problems: Sequence[str] = ()) -> dict[str, Any]:
     """The witness report (`--json`; docs/json-documents.md): every promise with its id, tests and (when
-    BROKEN) remedy, and every task with what it saw and what the host saw of it."""
+    BROKEN) remedy, and every task with what it saw and what the host saw of it; the summary line and
+    the problems printed after the table, as printed, so `run`'s verdict document (and mr-check through
+    it) carries them without reading stdout."""
     perturbed = sorted(settings.perturbations)
     counts = _count(v for _, v, _ in lines)
     prof = settings.profile
@@ -433,7 +435,8 @@ def _document(args: argparse.Namespace, settings: Settings, code: int, rc: int,
         "selection": settings.selection.to_json(),
         "summary": {"kept": counts.get("kept", 0), "broken": counts.get("BROKEN", 0),
                     "not_tested": counts.get("not tested", 0), "not_selected": counts.get("not selected", 0),
-                    "pytest_exit": rc},
+                    "pytest_exit": rc, "line": summary},
+        "problems": list(problems),
         "promises": [
             {
                 "id": family_of(label),
@@ -529,8 +532,9 @@ def _pytest_session(args: argparse.Namespace, out: output.WitnessOutput, setting
     counts = _count(v for _, v, _ in lines)
     launcher_name = launcher.name if launcher else "reference launcher (bwrap)"
     # The summary line, `witness: N kept, N BROKEN, N not tested (...): PASS|FAIL [...]`, is parsed
-    # (mrcheck/tiers.py, tests): its shape stays; only the verdict word is coloured on a terminal. A
-    # selection (--only/--skip) adds `, N not selected` after `not tested`.
+    # (scripts, tests, and mrcheck/tiers.py when a run left no verdict document with it; the JSON
+    # report carries it as `summary.line`): its shape stays; only the verdict word is coloured on a
+    # terminal. A selection (--only/--skip) adds `, N not selected` after `not tested`.
     unselected = counts.get("not selected", 0)
     head = (
         f"witness: {counts.get('kept', 0)} kept, {counts.get('BROKEN', 0)} BROKEN, "
@@ -548,29 +552,36 @@ def _pytest_session(args: argparse.Namespace, out: output.WitnessOutput, setting
     problems = [f"expected skips: {skip_problem}"] if skip_problem else []
     problems += harness[:1]  # "harness error: <launcher>: what went wrong"
     # The reports go to their files before the verdict is printed: one that cannot be written (a full
-    # disk, EIO) is a failure the summary says, never a traceback after a PASS.
+    # disk, EIO) is a failure the summary says, never a traceback after a PASS. The JUnit XML first,
+    # so the JSON report says the code, the problems and the summary line that are printed.
     written = ""
     if junit is not None:
         written = _commit_junit(junit, args.junitxml, rc)
+    if written:
+        problems.append(written)
+        code = EXIT_FAIL
     text = None
     if args.json:
         tasks = plugin.tasks(config) if config is not None else []
         doc = _document(args, settings, code, rc, lines, results, skip_problem, tasks, launcher_name, remedy,
-                        session.launches)
+                        session.launches, summary=f"{head}: {_word(code)} {tail}", problems=problems)
         text = json.dumps(doc, indent=2, default=str)
         if args.json != "-" and not written:
             try:
                 outputs.write_text(args.json, text + "\n")
             except OSError as e:
-                written = f"--json {args.json}: not written: {e.strerror or e}"
-    if written:
-        problems.append(written)
-        code = EXIT_FAIL
-    out.report(lines, problems=problems, head=head, word="PASS" if code == EXIT_OK else "FAIL", tail=tail,
+                # No report, so nothing disagrees with the summary printed below.
+                problems.append(f"--json {args.json}: not written: {e.strerror or e}")
+                code = EXIT_FAIL
+    out.report(lines, problems=problems, head=head, word=_word(code), tail=tail,
                remedies={pid: r.line() for pid, r in remedy.items()})
     if text is not None and args.json == "-":
         print(text)
     return code
+
+
+def _word(code: int) -> str:
+    return "PASS" if code == EXIT_OK else "FAIL"
 
 
 def _commit_junit(junit: Path, target: str, rc: int) -> str:

@@ -7,9 +7,9 @@ promise id), printed once under that promise's last BROKEN row; the only inputs 
 stream's tty-ness and an environment, both passed in. `mrcheck/report.py` may call `table_markdown` /
 `refusal_markdown` for the same table in mr-check.
 
-The `lines` form, `promise: verdict[: detail]` one per line, is a contract: mrcheck/tiers.py, the
-fleet tooling and the tests parse it. A remedy line is indented (`  usually: ...`), so a parser of
-rows passes over it. The `table` form is for eyes only."""
+The `lines` form, `promise: verdict[: detail]` one per line, is a contract: the fleet tooling, the
+tests and mrcheck/tiers.py (for a run that left no verdict document with the rows) parse it. A remedy
+line is indented (`  usually: ...`), so a parser of rows passes over it. The `table` form is for eyes only."""
 
 from __future__ import annotations
 

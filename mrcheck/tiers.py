@@ -3,8 +3,9 @@
 - witness / cgroup tiers: `sandbox-conformance run [--mode M] [witness options] [-- pytest args]` as a
   subprocess; its exit code is the contract (0 green, 1 red, 2 bad input, 75 did not run), and the
   document it writes for `--verdict-json` (runners/run_verdict.py; here through its environment form)
-  gives the verdict line, the refusal's reason and ways on: the handover's "why", read as data,
-  never parsed from its prose.
+  gives the verdict line, the refusal's reason and ways on (the handover's "why"), and each witness
+  run's promise rows and summary line (a red tier's failures): read as data, never parsed from its
+  prose while there is a document to read.
   The runner is our own child: on a cancellation it gets SIGTERM and stops in order
   (docs/cancellation.md), and SIGTERM is also its parent-death signal if mr-check is SIGKILLed.
 - command tiers: the runner's own decision (`runners.decide.decide` over the same probes `run`
@@ -27,18 +28,18 @@ import shlex
 import signal
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TypedDict
 
-from sandbox_conformance.conformance.render import SAID_BELOW
+from sandbox_conformance.conformance.render import SAID_BELOW, grouped
 from sandbox_conformance.mrcheck.config import Tier, TierKind
 from sandbox_conformance.probes.finding import Finding
 from sandbox_conformance.processes import cancel, owner
 from sandbox_conformance.processes.children import Completed, Runner, run
 from sandbox_conformance.processes.exits import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
 from sandbox_conformance.runners import run_verdict
-from sandbox_conformance.runners.run_verdict import RunVerdict
+from sandbox_conformance.runners.run_verdict import Leg, RunVerdict
 
 PROG = "sandbox-conformance"
 # The scratch directory a runner tier's verdict document is written to, with the owner's stamp so a
@@ -186,18 +187,42 @@ def _lines(done: Completed) -> list[str]:
     return done.stdout.splitlines() + done.stderr.splitlines()
 
 
+def leg_failures(legs: Sequence[Leg]) -> tuple[str, ...]:
+    """The reason a witness run went red, first, from the legs of its verdict document: each harness
+    error once (with how many promises it left untested), then every promise row that says BROKEN,
+    then the last leg's summary line. The same lines `failure_lines` finds in the witness's stdout
+    for the same run (tests/test_mr_check.py holds the two to each other), without reading it."""
+    harness: dict[str, int] = {}
+    broken: dict[str, None] = {}
+    for leg in legs:
+        # The witness prints a row whose detail is one of its problems as render.SAID_BELOW and the
+        # problem once after the table (render.said_once): those rows count for that problem.
+        said_below = set(leg.problems)
+        below = 0
+        for label, verdict, detail in grouped(leg.promises):  # the order the table prints them in
+            if detail in said_below:
+                below += 1
+            elif (i := detail.find(HARNESS)) != -1:
+                harness[detail[i:]] = harness.get(detail[i:], 0) + 1
+            elif verdict == "BROKEN":
+                broken[f"{label}: BROKEN" + (f": {detail}" if detail else "")] = None
+        for problem in leg.problems:
+            if problem.startswith(HARNESS):
+                harness[problem] = harness.get(problem, 0) + below
+                below = 0
+    return _failures(harness, broken, legs[-1].summary if legs else None)
+
+
 def failure_lines(lines: Iterable[str]) -> tuple[str, ...]:
-    """The reason a witness run went red, first: each harness error once (with how many promises it
-    left untested), then every promise line that says BROKEN, then the witness summary line.
+    """What `leg_failures` says, found in the witness command's own stdout lines (commands/witness.py;
+    the `lines` form, conformance/render.py): each harness error once (with how many promises it left
+    untested), then every promise line that says BROKEN, then the witness summary line. pytest's
+    report around them (ids, warnings) says less and comes last, in the tail.
 
-    These are the witness command's own stdout lines (commands/witness.py); pytest's report around
-    them (ids, warnings) says less and comes last, in the tail.
-
-    Still prose, not yet the witness's JSON (issue 30): a tier's run writes no witness report (a
-    `--json` path in its argv would be shown as the tier's command and named to the sweep, and a
-    container or VM run writes one per leg). The way there: `run` gives its witness a scratch
-    `--json` when a verdict document is asked for, and runners/run_verdict.py carries each leg's
-    promise rows and summary line (a schema change), which this then reads."""
+    Only the fallback, for a run that left no verdict document with legs: a tier whose runner died
+    before writing one, or timed out, or whose witness wrote no report (it crashed, or refused). A
+    tier's run is otherwise asked for its verdict document, which carries each witness run's rows and
+    summary line from a scratch `--json` report of the run's own (runners/orchestrate.py)."""
     harness: dict[str, int] = {}
     broken: dict[str, None] = {}
     summary = None
@@ -213,6 +238,12 @@ def failure_lines(lines: Iterable[str]) -> tuple[str, ...]:
             below = 0
         elif _BROKEN.search(line):
             broken[line] = None
+    return _failures(harness, broken, summary)
+
+
+def _failures(harness: Mapping[str, int], broken: Iterable[str], summary: str | None) -> tuple[str, ...]:
+    """The failure lines: harness errors with their counts, BROKEN rows (at most FAILURE_LINES, the
+    rest counted), then the summary line when there is anything above it; each clipped."""
     out = [h + (f" ({n} promise{'s' if n != 1 else ''} not tested because of it)" if n else "")
            for h, n in harness.items()]
     out += list(broken)
@@ -259,10 +290,11 @@ class _Common(TypedDict, total=False):
     seconds: float
 
 
-def _report(done: Completed) -> _Report:
-    """failures and output_tail for a run that did not pass: failures lead, the tail repeats none."""
+def _report(done: Completed, doc: RunVerdict | None = None) -> _Report:
+    """failures and output_tail for a run that did not pass: failures lead, the tail repeats none.
+    The failures come from the verdict document's legs, or from the output when it has none."""
     lines = _lines(done)
-    failures = failure_lines(lines)
+    failures = leg_failures(doc.legs) if doc is not None and doc.legs else failure_lines(lines)
     shown = set(failures)
     tail = [ln for ln in _denoise(lines, drop_ids=bool(failures)) if _clip(ln) not in shown]
     # Behind the failures, pytest's last lines (counts, skips, the verdict) are enough.
@@ -283,7 +315,7 @@ def classify_runner(done: Completed, doc: RunVerdict | None) -> TierResult:
     common: _Common = {"runner_verdict": verdict, "exit_code": done.returncode, "seconds": done.seconds}
     if done.timed_out:
         return TierResult(TierOutcome.error, f"the runner timed out after {done.seconds:.0f}s and was killed",
-                          **_report(done), **common)
+                          **_report(done, doc), **common)
     if done.not_found:
         return TierResult(TierOutcome.refused, f"could not start the runner: {done.stderr.strip()}", **common)
     last = done.stderr_tail(1) or f"exit {done.returncode}"
@@ -291,18 +323,18 @@ def classify_runner(done: Completed, doc: RunVerdict | None) -> TierResult:
         case 0:
             return TierResult(TierOutcome.passed, verdict or "the runner exited 0", **common)
         case 1:
-            return TierResult(TierOutcome.failed, verdict or last, **_report(done), **common)
+            return TierResult(TierOutcome.failed, verdict or last, **_report(done, doc), **common)
         case 75:
             return TierResult(TierOutcome.refused, reason or last, ways, **common)
         case 2 if reason:
             return TierResult(TierOutcome.usage, f"the runner rejected the tier's options: {reason}",
-                              **_report(done), **common)
+                              **_report(done, doc), **common)
         case 2:
             return TierResult(TierOutcome.usage, f"the runner rejected the tier's options: {last}",
-                              **_report(done), **common)
+                              **_report(done, doc), **common)
         case _:
             return TierResult(TierOutcome.error, f"the runner exited {done.returncode}: {last}",
-                              **_report(done), **common)
+                              **_report(done, doc), **common)
 
 
 # Every child of mr-check (the runner, a prepare step, a command tier) gets SIGTERM, not SIGKILL, as its

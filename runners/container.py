@@ -255,6 +255,7 @@ LEGS: tuple[tuple[str, str | None], ...] = (("root", None), (IMAGE_USER, IMAGE_U
 class Leg:
     label: str  # "root" or the image user
     returncode: int | None
+    report: str | None = None  # its --json report, copied back to this host; None: it wrote none
 
 
 def combine(legs: Sequence[Leg]) -> int:
@@ -392,14 +393,16 @@ def run_container(engine: Engine, options: WitnessOptions, *, image: str, timeou
                                                       *opts.argv()], env={**forward, **setup.env()}),
                              timeout=timeout, env=engine.env, capture=False).returncode
                     st.result = result_word(rc)
-                legs.append(Leg(label, rc))
                 say(f"container: as {label}: " + ("timed out" if rc is None else f"exit {rc}"))
+                report = None
                 for inside, host in reports.items():
                     produced = outputs / Path(inside).name
                     if produced.exists():
                         shutil.copyfile(produced, host)
                         if inside == opts.json:
                             annotate_report(Path(host), setup)
+                            report = host
+                legs.append(Leg(label, rc, report))
             if setup.root is None:
                 # Again after the legs' long output, next to the verdict: why the cgroup witnesses skipped.
                 say(f"container: note: {setup.describe()}")

@@ -36,6 +36,10 @@ from sandbox_conformance.runners.progress import Progress
 from sandbox_conformance.runners.witness_args import WitnessOptions
 
 
+def _unread(label: str, path: str) -> None:
+    """Context.leg_report's default: no verdict document reads the legs."""
+
+
 class Context(NamedTuple):
     """What a mode is given: the witness options it passes on, and what the run already knows."""
 
@@ -49,6 +53,9 @@ class Context(NamedTuple):
     delegate: bool = False  # native: under `systemd-run --user -p Delegate=yes`
     image: str | None = None  # container: the image to use instead of building the Dockerfile
     base_image: str | None = None  # container: the Dockerfile's BASE
+    # (label, path) of each witness run's JSON report once it is on this host, for the verdict
+    # document's legs (runners/orchestrate.py LegReports): native's one, a container's or VM's each.
+    leg_report: Callable[[str, str], None] = _unread
 
 
 Run = Callable[[Context], int]
@@ -65,11 +72,20 @@ def witness_code(rc: int | None, say: Callable[[str], None]) -> int:
     return EXIT_FAIL
 
 
+NATIVE_LEG = "native"  # the label of native mode's one witness run
+
+
 def run_native(ctx: Context) -> int:
     if ctx.delegate:
-        return _run_delegated(ctx)
-    assert ctx.standby is not None  # made for every request that can end native, delegation aside
-    return witness_code(ctx.standby.go(ctx.findings.values()), ctx.say)
+        code = _run_delegated(ctx)
+    else:
+        assert ctx.standby is not None  # made for every request that can end native, delegation aside
+        code = witness_code(ctx.standby.go(ctx.findings.values()), ctx.say)
+    # Delegated too: the run under systemd-run gives its witness the same --json (rerun_argv).
+    report = ctx.options.json
+    if report is not None and report != "-":
+        ctx.leg_report(NATIVE_LEG, report)
+    return code
 
 
 def _run_delegated(ctx: Context) -> int:
@@ -98,13 +114,16 @@ def run_container(ctx: Context) -> int:
     for leg in legs:
         word = VERDICT_WORDS.get(witness_code(leg.returncode, ctx.say), "ERROR")
         ctx.say(f"container: as {leg.label}: {word}")
+        if leg.report is not None:
+            ctx.leg_report(leg.label, leg.report)
     return container.combine(legs)
 
 
 def run_vm(ctx: Context) -> int:
     from sandbox_conformance.runners.vm import mode as vm_mode
 
-    return vm_mode.run_vm(ctx.options, timeout=ctx.timeout, say=ctx.say, progress=ctx.progress)
+    return vm_mode.run_vm(ctx.options, timeout=ctx.timeout, say=ctx.say, progress=ctx.progress,
+                          leg_report=ctx.leg_report)
 
 
 MODES: dict[Mode, Run] = {Mode.native: run_native, Mode.container: run_container, Mode.vm: run_vm}

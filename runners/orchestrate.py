@@ -8,12 +8,19 @@ runners/decide.py answers a mode or a refusal; the mode runs behind runners/mode
 Every "did not run" travels as a Refusal (processes/exits.py): a refused decision at its boundary
 (Decision.chosen), a mode that cannot be used here (ContainerUnusable, VmUnusable, the image not
 built, systemd-run gone). It is said here, once, and written into the verdict document
-(runners/run_verdict.py Verdict), which ends every path with the one verdict line."""
+(runners/run_verdict.py Verdict), which ends every path with the one verdict line.
+
+When that document is asked for, it also carries each witness run's promise rows and summary line
+(run_verdict.Leg), read from the witness's JSON report: the one `--json` asked for, or else a scratch
+report of this run's own (REPORT_PREFIX), made before the witness starts and removed at the end."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from sandbox_conformance.conformance import output
@@ -21,8 +28,9 @@ from sandbox_conformance.conformance.render import refusal_markdown
 from sandbox_conformance.probes.collect import collect
 from sandbox_conformance.probes.finding import Finding
 from sandbox_conformance.probes.host import Host
+from sandbox_conformance.processes import owner
 from sandbox_conformance.processes.exits import EXIT_OK, EXIT_UNAVAILABLE, VERDICT_WORDS, Refusal
-from sandbox_conformance.runners import native
+from sandbox_conformance.runners import native, run_verdict
 from sandbox_conformance.runners.decide import NEEDED, Decision, Mode, Request, decide
 from sandbox_conformance.runners.modes import MODES, Context
 from sandbox_conformance.runners.progress import HEARTBEAT, Progress
@@ -31,6 +39,10 @@ from sandbox_conformance.runners.witness_args import WitnessOptions
 
 PROG = "sandbox-conformance run"
 ENGINE = "container_engine"
+# The scratch directory of the witness report a verdict document reads its legs from, stamped so a
+# SIGKILLed run's is swept by the next (processes/owner.py: `sbxc-KIND.` + the stamp).
+REPORT_PREFIX = "sbxc-run-report."
+REPORT_NAME = "witness.json"  # a container's or a VM's legs are copied back beside it as witness-LABEL.json
 
 
 class Plan(NamedTuple):
@@ -79,6 +91,49 @@ def witness_setup(options: WitnessOptions) -> tuple[WitnessOptions, output.RunLo
     return options, log
 
 
+def with_report(options: WitnessOptions, stack: contextlib.ExitStack) -> WitnessOptions:
+    """The options with a witness report to read the legs from: the one --json asks for, else one in
+    a scratch directory of ours that `stack` removes. `--json -` (the report on stdout, the user's) and
+    no writable temporary directory leave the verdict document without legs."""
+    if options.json is not None:
+        return options
+    try:
+        scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"{REPORT_PREFIX}{owner.stamp()}."))
+    except OSError:
+        return options
+    return options._replace(json=str(Path(scratch, REPORT_NAME)))
+
+
+class LegReports:
+    """The legs of the verdict document, as the mode names each witness run's report on this host
+    (runners/modes.py Context.leg_report): a report that is not there, or not one, makes no leg."""
+
+    def __init__(self, options: WitnessOptions) -> None:
+        self.legs: list[run_verdict.Leg] = []
+        # A --json of the user's, as it was before this run: a native witness that died before writing
+        # leaves the previous run's there, which is not this run's leg (each report is written to a
+        # temp file and renamed over it, processes/outputs.py: a new one is a new inode).
+        self._json = options.json
+        self._before = _identity(options.json)
+
+    def __call__(self, label: str, path: str) -> None:
+        if path == self._json and self._before is not None and _identity(path) == self._before:
+            return
+        leg = run_verdict.read_leg(label, path)
+        if leg is not None:
+            self.legs.append(leg)
+
+
+def _identity(path: str | None) -> tuple[int, int, int] | None:
+    if path is None or path == "-":
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
 def rerun_argv(plan: Plan) -> list[str]:
     """This run's own options, without --delegate, for the re-execution under systemd-run."""
     return ["--mode", "native", "--timeout", str(plan.timeout), *plan.options.argv()]
@@ -87,6 +142,9 @@ def rerun_argv(plan: Plan) -> list[str]:
 def run(plan: Plan, verdict: Verdict) -> int:
     request = plan.request
     with contextlib.ExitStack() as stack:
+        if verdict.path is not None and not plan.print_mode:
+            # Before the witness starts standing by: it is handed its options once.
+            plan = plan._replace(options=with_report(plan.options, stack))
         standby: native.Standby | None = None
         setup: tuple[WitnessOptions, output.RunLog] | None = None
         if not plan.print_mode and request.mode in (Mode.auto, Mode.native) and not request.delegate:
@@ -134,14 +192,16 @@ def _decided(plan: Plan, verdict: Verdict, findings: dict[str, Finding], decisio
     # goes down to the modes, whose long steps (image build, boot, set-up, each leg) are its stages.
     progress = Progress(PROG)
     stage = progress.begin(f"{mode} run", heartbeat=HEARTBEAT)
+    reports = LegReports(options)
     context = Context(options, rerun_argv(plan), plan.timeout, findings, verdict.say, progress,
                       standby=standby, delegate=decision.delegate, image=plan.image,
-                      base_image=plan.base_image)
+                      base_image=plan.base_image, leg_report=reports)
     try:
         code = MODES[mode](context)
     except Refusal as e:
         verdict.refused(e)
         code = EXIT_UNAVAILABLE
+    verdict.legs = tuple(reports.legs)
     stage.end(VERDICT_WORDS.get(code, "ERROR"))
     for kept in log.finish(code):
         verdict.say(f"pytest's report: {kept}")

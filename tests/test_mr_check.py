@@ -21,7 +21,7 @@ from sandbox_conformance.mrcheck.report import plan
 from sandbox_conformance.mrcheck.tiers import Gate, TierOutcome, TierResult, classify_runner, run_tier
 from sandbox_conformance.probes.finding import Finding, Verdict
 from sandbox_conformance.processes.children import Completed, minimal_env, run
-from sandbox_conformance.runners.run_verdict import RunVerdict
+from sandbox_conformance.runners.run_verdict import Leg, RunVerdict
 
 REPO = Path(__file__).resolve().parent.parent
 CLI_TIMEOUT = 900.0
@@ -217,6 +217,99 @@ def test_the_runner_is_told_where_its_verdict_goes_outside_the_command_it_prints
     monkeypatch.setenv(run_verdict.ENV, "/elsewhere.json")  # the user's own is never the one read back
     assert mr_tiers.runner_env(tmp_path / "v.json")[run_verdict.ENV] == str(tmp_path / "v.json")
     assert run_verdict.ENV not in mr_tiers.runner_env()
+
+
+# --- a red tier's failures: from the run's verdict document, its output only without one ----------------
+
+BOOM = "harness error: launcher 'x': exited 1; stderr: boom"
+OTHER = "harness error: the lifecycle launch: exited 3"
+RED_ROWS = (("masked {state}/db", "BROKEN", "nothing is mounted at {state}/db (no mask)"),
+            ("read_only /usr", "kept", ""), ("network", "not tested", BOOM), ("pid", "not tested", BOOM))
+
+
+def _leg(rows: tuple[tuple[str, str, str], ...], problems: tuple[str, ...] = (), label: str = "native",
+         head: str = "witness: 1 kept, 1 BROKEN, 2 not tested (profile reference, launcher 'x')") -> Leg:
+    return Leg(label, 1, f"{head}: FAIL [4 witnesses: 2 error, 1 failed, 1 passed]", problems, rows)
+
+
+def _printed(legs: tuple[Leg, ...]) -> list[str]:
+    """What each leg's witness printed on stdout (the `lines` form, through a pipe): its table, its
+    problems, its summary line, as conformance/output.py writes them."""
+    import io
+
+    from sandbox_conformance.conformance import output
+    from sandbox_conformance.conformance.render import Format, Style
+
+    stdout = io.StringIO()
+    out = output.WitnessOutput(Format.lines, Style(), False, None, False, False, stdout, io.StringIO())
+    for leg in legs:
+        head, _, rest = leg.summary.partition(": FAIL ")
+        out.report(leg.promises, problems=leg.problems, head=head, word="FAIL", tail=rest,
+                   remedies={"masked": "usually: no tmpfs over it; keep it with: --tmpfs PATH"})
+    return stdout.getvalue().splitlines()
+
+
+LEG_CASES = {
+    "a launch failure said once, below": (_leg(RED_ROWS, (BOOM,)),),
+    "another harness error in its own rows, the one said below under a BROKEN row": (
+        _leg((("pid", "not tested", OTHER), ("uts", "BROKEN", "saw 2; saw 3"), ("ipc", "BROKEN", "")),
+             ("expected skips: cgroup was not skipped", BOOM)),),
+    "a container's two legs: one row broken in both is said once, the summary is the last leg's": (
+        _leg(RED_ROWS, (BOOM,), "root"),
+        _leg(RED_ROWS[:2], (), "sbxc", head="witness: 1 kept, 1 BROKEN, 0 not tested (profile reference, "
+                                            "launcher 'x', as sbxc)")),
+    "a family's rows in the order the table groups them": (
+        _leg((("masked /a", "BROKEN", "a"), ("pid", "BROKEN", "p"), ("masked /b", "BROKEN", "b"))),),
+    "more BROKEN rows than are shown": (
+        _leg(tuple((f"read_only /p{i}", "BROKEN", f"wrote {i}")
+                   for i in range(mr_tiers.FAILURE_LINES + 5))),),
+    "a leg with nothing red": (_leg((("pid", "kept", ""), ("uts", "not tested", "skipped: no uts"))),),
+}
+
+
+@pytest.mark.parametrize("legs", LEG_CASES.values(), ids=LEG_CASES.keys())
+def test_a_legs_failures_are_the_ones_its_printed_output_gives(legs: tuple[Leg, ...]) -> None:
+    """Two readings of one run that must agree: the rows as data, and the lines the witness printed
+    for them (render.said_once, the remedy lines and all), read the old way."""
+    assert mr_tiers.leg_failures(legs) == mr_tiers.failure_lines(_printed(legs))
+
+
+def test_a_red_tier_says_why_from_its_verdict_documents_legs_not_from_its_output() -> None:
+    legs = LEG_CASES["a launch failure said once, below"]
+    doc = _doc("FAIL", 1)._replace(legs=legs)
+    decoy = "masked /decoy: BROKEN: printed, never read\nwitness: 0 kept, 1 BROKEN, 0 not tested (p): FAIL\n"
+    res = classify_runner(_done(1, "", decoy), doc)
+    assert res.failures == (f"{BOOM} (2 promises not tested because of it)",
+                            "masked {state}/db: BROKEN: nothing is mounted at {state}/db (no mask)",
+                            legs[0].summary)
+    assert "masked /decoy: BROKEN: printed, never read" in res.output_tail  # the output is still shown
+    # No legs (a witness that wrote no report) or no document (a runner that died first): the output.
+    for without in (_doc("FAIL", 1), None):
+        assert classify_runner(_done(1, "", decoy), without).failures == mr_tiers.failure_lines(
+            decoy.splitlines())
+
+
+def test_a_runner_tiers_verdict_document_is_a_scratch_file_read_then_removed(tmp_path: Path) -> None:
+    from sandbox_conformance.runners import run_verdict
+
+    legs = LEG_CASES["a launch failure said once, below"]
+    seen: dict[str, object] = {}
+
+    def runner(argv: list[str], *, timeout: float, env: dict[str, str], cwd: str, **kw: object) -> Completed:
+        path = Path(env[run_verdict.ENV])
+        seen.update(argv=argv, path=path)
+        run_verdict.write(path, _doc("FAIL", 1)._replace(legs=legs))
+        return _done(1, "", "nothing parseable\n")
+
+    tier = Tier("w", ("src/**",), TierKind.witness)
+    res = mr_tiers.run_runner_tier(tier, tmp_path, "native", runner)
+    assert res.outcome is TierOutcome.failed and res.failures == mr_tiers.leg_failures(legs)
+    path = seen["path"]
+    assert isinstance(path, Path) and path.name == "verdict.json"
+    assert path.parent.name.startswith(mr_tiers.SCRATCH_PREFIX)
+    assert not path.parent.exists()  # removed once read, the document with it
+    assert not any(str(path.parent) in a for a in seen["argv"])  # type: ignore[attr-defined]
+    assert mr_tiers.display_command(tier, "native") == "sandbox-conformance run --mode native"
 
 
 @pytest.mark.parametrize(("outcomes", "expected"), [
@@ -542,7 +635,9 @@ def test_a_witness_tier_whose_sandbox_breaks_its_promises_is_exit_1(tmp_path: Pa
     repo = make_repo(tmp_path / "r", WITNESS_TIER.replace('{ kind = "witness" }',
                                                           '{ kind = "witness", launcher = "env" }'))
     write(repo / "src/sandbox/launch.py", "changed\n")
-    done = mr_check(repo, "--format", "json")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    done = mr_check(repo, "--format", "json", env={"TMPDIR": str(scratch)})
     assert done.returncode == 1, done.stdout + done.stderr
     doc = json.loads(done.stdout)
     [tier] = doc["tiers"]
@@ -550,6 +645,12 @@ def test_a_witness_tier_whose_sandbox_breaks_its_promises_is_exit_1(tmp_path: Pa
     assert tier["runner_verdict"].startswith("sandbox-conformance: FAIL mode=native exit=1")
     assert tier["command"] == "sandbox-conformance run --launcher env"
     assert doc["handover"] is None
+    # Why, first: the BROKEN promises, then the summary line (from the run's verdict document).
+    assert tier["failures"][0].startswith("masked ") and ": BROKEN: " in tier["failures"][0]
+    assert tier["failures"][-1].startswith("witness: ") and " BROKEN, " in tier["failures"][-1]
+    # Neither mr-check's verdict document nor the run's witness report is left behind.
+    left = [p.name for p in scratch.iterdir()]
+    assert not [n for n in left if n.startswith((mr_tiers.SCRATCH_PREFIX, "sbxc-run-report."))], left
 
 
 # --- refusals: the tier cannot run here -> 75 and a handover ----------------------------------------------

@@ -209,6 +209,15 @@ def test_each_legs_json_report_carries_what_the_setup_said(fake_engine, tmp_path
         assert doc["cgroup_setup"] == {"root": None, "reason": TMPFS_REASON}
 
 
+def test_each_leg_names_its_report_copied_back_for_the_run_verdict(fake_engine, tmp_path: Path) -> None:
+    engine, _ = fake_engine("ok")
+    legs, _ = _run(engine, tmp_path, options=WitnessOptions(json=str(tmp_path / "report.json")))
+    assert [(leg.label, leg.report) for leg in legs] == [
+        (label, str(tmp_path / f"report-{label}.json")) for label in ("root", container.IMAGE_USER)]
+    bare, _ = _run(engine, tmp_path)  # no --json: no report, so none to name
+    assert [leg.report for leg in bare] == [None, None]
+
+
 PROC_CGROUPS_HYBRID = """#subsys_name\thierarchy\tnum_cgroups\tenabled
 cpuset\t3\t4\t1
 memory\t4\t9\t1

@@ -130,3 +130,26 @@ def test_inside_options_move_files_into_the_binds_and_name_reports_per_user(tmp_
 ])
 def test_both_container_verdicts_count(codes: tuple[int | None, ...], expect: int) -> None:
     assert combine([Leg(str(i), c) for i, c in enumerate(codes)]) == expect
+
+
+def test_a_run_verdicts_legs_round_trip_and_an_older_document_has_none(tmp_path: Path) -> None:
+    from sandbox_conformance.runners import run_verdict
+    from sandbox_conformance.runners.run_verdict import Leg, RunVerdict
+
+    summary = ("witness: 0 kept, 1 BROKEN, 0 not tested (profile p, launcher 'x'): FAIL "
+               "[1 witnesses: 1 failed]")
+    leg = Leg("root", 1, summary, ("harness error: x",), (("pid", "BROKEN", "saw 1"), ("uts", "kept", "")))
+    line = "sandbox-conformance: FAIL mode=container exit=1 time=2.0s"
+    doc = RunVerdict("FAIL", "container", "container", 1, 2.0, line, legs=(leg,))
+    run_verdict.write(tmp_path / "v.json", doc)
+    assert run_verdict.read(tmp_path / "v.json") == doc
+    older = doc.to_json()
+    del older["legs"]  # a key added within version 1: a document without it is still one
+    assert RunVerdict.from_json(older) == doc._replace(legs=())
+    # A witness report from before summary.line is no leg; a report that is one is.
+    report = {"exit": 1, "summary": {"line": leg.summary}, "problems": list(leg.problems),
+              "promises": [{"promise": p, "verdict": v, "detail": d, "id": p} for p, v, d in leg.promises]}
+    assert Leg.from_report("root", report) == leg
+    del report["summary"]["line"]
+    with pytest.raises(ValueError, match="line"):
+        Leg.from_report("root", report)

@@ -15,6 +15,8 @@ import jsonschema
 import pytest
 from witness_cli import witness
 
+from sandbox_conformance.conformance import render
+
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.integration
 
@@ -39,6 +41,24 @@ def test_a_red_report_validates_too(tmp_path: Path, root_only: None) -> None:
     report = json.loads((tmp_path / "r.json").read_text())
     jsonschema.validate(report, schema("witness-report"))
     assert any(p["verdict"] == "BROKEN" for p in report["promises"])
+    # What a person reads last, as data: the summary line verbatim (no colour in a pipe), and no
+    # problem printed after the table that the report does not list.
+    printed = done.stdout.strip().splitlines()
+    assert report["summary"]["line"] == printed[-1]
+    assert all(problem in printed for problem in report["problems"])
+
+
+def test_a_reports_problems_are_the_lines_printed_after_the_table(tmp_path: Path) -> None:
+    done = witness("--launcher", "false", "--json", str(tmp_path / "r.json"))
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    jsonschema.validate(report, schema("witness-report"))
+    printed = done.stdout.strip().splitlines()
+    # One launcher failure: said once after the table, and in each row's detail in the report.
+    [problem] = report["problems"]
+    assert problem.startswith("harness error: launcher 'false': exited 1") and problem in printed[:-1]
+    assert {p["detail"] for p in report["promises"]} == {problem}
+    assert report["summary"]["line"] == printed[-1]
 
 
 def test_the_task_spec_an_external_launcher_reads_validates(tmp_path: Path, root_only: None) -> None:
@@ -109,8 +129,10 @@ def test_the_mr_check_report_validates(tmp_path: Path) -> None:
     assert report["touched"] is True and report["tiers"][0]["name"] == "seccomp"
 
 
-def _run(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict, str]:
-    """`sandbox-conformance run --verdict-json FILE ARGS`: (exit, the document, stderr)."""
+def _run(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
+         stdout: list[str] | None = None) -> tuple[int, dict, str]:
+    """`sandbox-conformance run --verdict-json FILE ARGS`: (exit, the document, stderr); its stdout's
+    lines appended to `stdout`."""
     doc = tmp_path / "verdict.json"
     done = subprocess.run(
         [sys.executable, "-m", "sandbox_conformance", "run", "--verdict-json", str(doc), *args],
@@ -123,6 +145,8 @@ def _run(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple
     assert doc.is_file(), f"no verdict document (exit {done.returncode}): {done.stderr[-2000:]}"
     report = json.loads(doc.read_text())
     jsonschema.validate(report, schema("run-verdict"))
+    if stdout is not None:
+        stdout += done.stdout.splitlines()
     return done.returncode, report, done.stderr
 
 
@@ -155,3 +179,41 @@ def test_a_passing_runs_verdict_document(tmp_path: Path, root_only: None) -> Non
     assert code == doc["exit"] == 0 and doc["verdict"] == "PASS", stderr[-2000:]
     assert doc["mode"] == "native" and doc["reason"] is None and doc["ways_on"] == []
     assert doc["line"] == stderr.strip().splitlines()[-1]
+
+
+def _native_or_skip(code: int, doc: dict) -> None:
+    if code == 75:
+        pytest.skip(f"native mode refused here: {doc['reason']}")
+
+
+def test_a_red_runs_verdict_document_carries_its_witness_rows_and_summary(tmp_path: Path) -> None:
+    """`--launcher env` sandboxes nothing: the reference promises break. The run was asked for no
+    witness report, so it gave its witness a scratch one, read it into `legs`, and removed it."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    printed: list[str] = []
+    code, doc, stderr = _run(tmp_path, "--mode", "native", "--launcher", "env",
+                             env={"TMPDIR": str(scratch)}, stdout=printed)
+    _native_or_skip(code, doc)
+    assert code == doc["exit"] == 1, stderr[-2000:]
+    [leg] = doc["legs"]
+    assert (leg["label"], leg["exit"], leg["summary"]) == ("native", 1, printed[-1])
+    rows = [(p["promise"], p["verdict"], p["detail"]) for p in leg["promises"]]
+    assert render.grouped(rows) == render.parse_lines_text("\n".join(printed))  # the rows printed, as data
+    assert any(v == "BROKEN" for _, v, _ in rows)
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith("sbxc-run-report.")]
+
+
+def test_a_runs_legs_come_from_the_report_json_asks_for(tmp_path: Path) -> None:
+    report = tmp_path / "mine.json"
+    code, doc, stderr = _run(tmp_path, "--mode", "native", "--launcher", "false", "--json", str(report))
+    _native_or_skip(code, doc)
+    assert code == 1, stderr[-2000:]
+    mine = json.loads(report.read_text())
+    [leg] = doc["legs"]
+    assert (leg["summary"], leg["problems"]) == (mine["summary"]["line"], mine["problems"])
+    # A later run whose witness writes no report (pytest refuses its arguments: exit 2) does not
+    # pass the previous run's report off as its own.
+    code, doc, stderr = _run(tmp_path, "--mode", "native", "--launcher", "false", "--json", str(report),
+                             "--", "--no-such-pytest-option")
+    assert code == 2 and doc["legs"] == [], stderr[-2000:]

@@ -881,3 +881,23 @@ def test_the_guests_output_is_copied_in_whole_lines_so_progress_never_splits_one
     finally:
         follow.stop()
     assert err.getvalue() == "pid: kept\nlast, no newline" and out.getvalue() == ""
+
+
+def test_run_vm_names_each_legs_report_once_it_is_copied_back(tmp_path, monkeypatch):
+    """The run's verdict document reads its legs from the host's copies (runners/orchestrate.py)."""
+
+    def fake_run_in_vm(argv, **kw):
+        guest = argv[argv.index("--json") + 1]  # the guest's witness argument, `{label}` in it
+        Path(guest.replace("{label}", "root")).write_text('{"version": 1}\n')
+        return VmResult(0, "", "", 3.0, 5.0, Accel.tcg)
+
+    image = VmImage("6.1.0-57-amd64", tmp_path / "k", tmp_path / "i", tmp_path)
+    monkeypatch.setattr(vm_mode, "cached_image", lambda: image)
+    monkeypatch.setattr(vm, "select_accel", lambda image: Accel.tcg)
+    monkeypatch.setattr(vm, "run_in_vm", fake_run_in_vm)
+    told: list[tuple[str, str]] = []
+    options = WitnessOptions(json=str(tmp_path / "report.json"), as_user="root")
+    assert vm_mode.run_vm(options, timeout=600, say=lambda s: None, environ={},
+                          leg_report=lambda label, path: told.append((label, path))) == 0
+    assert told == [("root", str(tmp_path / "report-root.json"))]
+    assert (tmp_path / "report-root.json").read_text() == '{"version": 1}\n'

@@ -130,9 +130,11 @@ def prepare_image(progress: Progress) -> vm_image.VmImage:
 
 def run_vm(options: WitnessOptions, *, timeout: float, say: Callable[[str], None],
            environ: Mapping[str, str] | None = None, controls: Sequence[str] = (),
-           controls_json: str | None = None, progress: Progress | None = None) -> int:
+           controls_json: str | None = None, progress: Progress | None = None,
+           leg_report: Callable[[str, str], None] | None = None) -> int:
     """`controls`: negative controls run in the same boot after the suite (runners/vm/suite.py), their
-    JSON copied to `controls_json`; a misbehaving control makes the exit code red."""
+    JSON copied to `controls_json`; a misbehaving control makes the exit code red. `leg_report(label,
+    path)`: told each leg's --json report once it is copied back (runners/modes.py Context)."""
     environ = os.environ if environ is None else environ
     progress = progress or Progress.off()
     try:
@@ -165,6 +167,8 @@ def run_vm(options: WitnessOptions, *, timeout: float, say: Callable[[str], None
                 produced = Path(inside.replace("{label}", label))
                 if produced.exists():
                     shutil.copyfile(produced, host.replace("{label}", label))
+                    if leg_report is not None and inside == opts.json:
+                        leg_report(label, host.replace("{label}", label))
         if controls_json and guest_controls.exists():
             shutil.copyfile(guest_controls, controls_json)
         boot = f"{result.boot_seconds:.1f}s" if result.boot_seconds is not None else "n/a"
