@@ -46,7 +46,7 @@ CODES: dict[str, str] = {
 LEGEND = "yes supported, no unsupported, DENIED denied, ? unknown, det detected, - not detected, . not probed"
 # Verdicts worth a cause line: everything but the two that need no explanation.
 QUIET_VERDICTS = frozenset({"supported", "not_detected"})
-# A promise's verdict in one cell (commands/witness.py promise_lines: kept, BROKEN, not tested).
+# A promise's verdict in one cell (conformance/verdicts.py promise_lines: kept, BROKEN, not tested).
 PROMISE_CODES = {"kept": "kept", "BROKEN": "BROKEN", "not tested": "-"}
 PROMISE_LEGEND = "kept, BROKEN, - not tested, . not in this host's profile"
 # FleetHost statuses, in the order the summary line counts them.

@@ -274,7 +274,7 @@ def cell(promise: str, outcome: Outcome, reasons: Mapping[str, str]) -> tuple[st
             verdict, detail = str(p.get("verdict")), str(p.get("detail") or "")
             if verdict == KEPT and detail.startswith("partly"):
                 return "kept, partly", detail
-            # commands/witness.py TASK_VIEW_ONLY: the host could not observe the task
+            # conformance/verdicts.py TASK_VIEW_ONLY: the host could not observe the task
             if verdict == KEPT and detail.startswith("task's view only"):
                 return TASK_VIEW, detail
             return (verdict if verdict in CELLS else NOT_TESTED), detail

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from _pytest._code.code import ExceptionRepr  # the failure report pytest's junitxml reads (7.2 to 9.x)
 
-from sandbox_conformance.conformance import options, promises, remedies, witnesses
+from sandbox_conformance.conformance import options, promises, remedies, render, verdicts, witnesses
 from sandbox_conformance.conformance import profile as profile_mod
 from sandbox_conformance.conformance import settings as settings_mod
 from sandbox_conformance.conformance.harness import WitnessSession
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = ["REQUIRE_ENV", "Settings", "read_expected_skips", "settings", "skip_key"]
 MARKER = "witness"
+VERDICTS = "sandbox-conformance-verdicts"  # the promise rows' collector of a plain pytest run
 
 _settings_key = pytest.StashKey[Settings]()
 _preconditions_key = pytest.StashKey[dict[str, Finding]]()
@@ -92,6 +93,10 @@ def pytest_configure(config: pytest.Config) -> None:
     except promises.UnknownPromise as e:
         named = str(e).replace("--only", "--sbxc-only").replace("--skip", "--sbxc-skip")
         raise pytest.UsageError(named) from None
+    if _settings_key not in config.stash:
+        # A plain pytest run: its terminal summary gets the promise rows the witness command prints
+        # (pytest_terminal_summary, below). The witness command follows the reports itself.
+        config.pluginmanager.register(verdicts.Collector(), VERDICTS)
     if _settings_key in config.stash:  # handed over by the witness command (Preset)
         preset = config.stash[_settings_key]
         if preset.preconditions is None:
@@ -324,6 +329,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             if tr is not None:
                 tr.write_line(f"sandbox-conformance expected skips: {p}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """A plain pytest run's promise rows, one per promise, in the `lines` form the witness command
+    prints with `--format lines` (conformance/render.py): what its witnesses' pass, fail and skip
+    mean for each promise, which pytest's own summary does not say."""
+    collector = config.pluginmanager.get_plugin(VERDICTS)
+    if not isinstance(collector, verdicts.Collector) or not collector.results:
+        return
+    rows = verdicts.promise_lines(list(collector.results.values()))
+    terminalreporter.write_sep("=", "sandbox-conformance promises")
+    for line in render.lines_text(rows):
+        terminalreporter.write_line(line)
 
 
 def expected_skip_problems(config: pytest.Config) -> str | None:

@@ -1,7 +1,7 @@
 """How verdicts are shown to a person: the promise table as text (aligned, or one line per promise)
 or as Markdown to paste into a merge request, a refusal as Markdown, and whether to use colour.
 
-Pure functions over the rows `commands/witness.py promise_lines()` makes, `(promise, verdict, what the
+Pure functions over the rows `conformance/verdicts.py promise_lines()` makes, `(promise, verdict, what the
 task saw)`, and the remedy line of each promise that has a BROKEN row (conformance/remedies.py, by
 promise id), printed once under that promise's last BROKEN row; the only inputs from outside are a
 stream's tty-ness and an environment, both passed in. `mrcheck/report.py` may call `table_markdown` /
@@ -88,7 +88,7 @@ PLAIN = Style()  # no colour: a pipe, a file, NO_COLOR
 
 
 def family_of(label: str) -> str:
-    """A promise label is `family` or `family parameter` (commands/witness.py _Collector)."""
+    """A promise label is `family` or `family parameter` (conformance/verdicts.py Collector)."""
     return label.partition(" ")[0]
 
 

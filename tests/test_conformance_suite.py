@@ -578,3 +578,44 @@ def test_a_session_closed_with_its_launch_unasked_waits_for_it_and_leaves_nothin
     assert all(f.done() for f in started)
     assert not root.exists()
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(root) in " ".join(p.info["cmdline"] or ())]
+
+
+PLAIN_SUITE = textwrap.dedent("""\
+    import pytest
+
+    @pytest.mark.witness
+    def test_kept_by_me():
+        pass
+
+    @pytest.mark.witness
+    def test_broken_by_me():
+        assert False, "the task read the canary"
+
+    @pytest.mark.witness
+    def test_untested_by_me():
+        pytest.skip("the host could not see the task")
+
+    def test_not_a_witness():
+        pass
+    """)
+
+
+def test_a_plain_pytest_run_ends_with_one_row_per_promise(tmp_path: Path) -> None:
+    """What `witness --format lines` prints, at the end of a plain pytest run with witnesses; none in a
+    run without one."""
+    (tmp_path / "test_mine.py").write_text(PLAIN_SUITE)
+    (tmp_path / "test_other.py").write_text("def test_plain():\n    pass\n")
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider"]
+    env = {"PATH": os.environ.get("PATH", ""), "TMPDIR": str(tmp_path)}
+    done = subprocess.run([*argv, "test_mine.py"], cwd=tmp_path, text=True, capture_output=True,
+                          timeout=120, env=env)
+    assert done.returncode == 1, done.stdout[-3000:]
+    section = done.stdout.split("sandbox-conformance promises", 1)[1].splitlines()[1:4]
+    assert section == [
+        "test_kept_by_me: kept",
+        "test_broken_by_me: BROKEN: the task read the canary",
+        "test_untested_by_me: not tested: the host could not see the task",
+    ], done.stdout[-3000:]
+    alone = subprocess.run([*argv, "test_other.py"], cwd=tmp_path, text=True, capture_output=True,
+                           timeout=120, env=env)
+    assert alone.returncode == 0 and "sandbox-conformance promises" not in alone.stdout, alone.stdout
