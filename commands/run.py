@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import pwd
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 from sandbox_conformance.conformance import output
 from sandbox_conformance.conformance.render import Format
 from sandbox_conformance.processes import cancel, inputs, outputs
-from sandbox_conformance.processes.exits import EXIT_USAGE, UsageError, check_seconds, group_problem
+from sandbox_conformance.processes.exits import EXIT_USAGE, UsageError, check_as_user, check_seconds
 from sandbox_conformance.runners import native, orchestrate, run_verdict, witness_args
 from sandbox_conformance.runners.decide import Mode, Request
 
@@ -72,17 +71,10 @@ def _validate(args: argparse.Namespace, request: Request) -> None:
                 inputs.read_bytes(path)  # a regular file within bounds (processes/inputs.py)
             except inputs.UnusableInput as e:
                 raise UsageError(f"{flag} {path}: {e}") from None
-    if args.as_user is not None:
-        if request.mode is Mode.container:
-            raise UsageError("--as-user: container mode already runs the suite as root and as its own "
-                             "unprivileged user")
-        try:
-            user = pwd.getpwnam(args.as_user)
-        except KeyError:
-            raise UsageError(f"--as-user: no such user {args.as_user!r}") from None
-        problem = group_problem(user)
-        if problem:
-            raise UsageError(f"--as-user {args.as_user}: {problem}")
+    if args.as_user is not None and request.mode is Mode.container:
+        raise UsageError("--as-user: container mode already runs the suite as root and as its own "
+                         "unprivileged user")
+    check_as_user(args.as_user)  # the witness command's own check: root, a real user, its group
     check_seconds("--timeout", args.timeout)
     if request.mode in (Mode.auto, Mode.native, Mode.container):
         # Where a native witness run makes its layouts, container mode its inputs and reports.
@@ -91,21 +83,22 @@ def _validate(args: argparse.Namespace, request: Request) -> None:
     witness_args.check(args)  # --only, --skip: known promise ids, none in both
     if args.verdict_json == "-":
         raise UsageError(f"{run_verdict.FLAG}: a file, not '-' (stdout carries the suite's own output)")
-    for flag, value in (("--junitxml", args.junitxml), ("--json", args.json),
-                        (run_verdict.FLAG, args.verdict_json)):
-        if value is not None:
-            # The witness command's own check, before anything is probed or launched here.
-            outputs.check_target(flag, value, stdout_ok=flag == "--json")
-    _check_distinct(args)
+    _check_reports(args)
 
 
-def _check_distinct(args: argparse.Namespace) -> None:
-    """No output replaces an input or another output (processes/outputs.py)."""
-    outputs.check_distinct(
-        [("--json", args.json), ("--junitxml", args.junitxml), ("--log", args.log),
-         (run_verdict.FLAG, args.verdict_json)],
-        [("--profile", args.profile), ("--expected-skips", args.expected_skips),
-         ("--launcher", outputs.launcher_file(args.launcher))],
+def _inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """What no report may replace."""
+    return [("--profile", args.profile), ("--expected-skips", args.expected_skips),
+            ("--launcher", outputs.launcher_file(args.launcher))]
+
+
+def _check_reports(args: argparse.Namespace) -> None:
+    """The witness command's own check of its reports (processes/outputs.py check_reports), with the
+    verdict document beside them, before anything is probed or launched here."""
+    outputs.check_reports(
+        [("--json", args.json, True), ("--junitxml", args.junitxml, False), ("--log", args.log, False),
+         (run_verdict.FLAG, args.verdict_json, False)],
+        _inputs(args),
     )
 
 
@@ -119,7 +112,13 @@ def _writable(args: argparse.Namespace, value: str | None) -> str | None:
         return None
     try:
         outputs.check_target(run_verdict.FLAG, value)
-        _check_distinct(args)  # a document written onto an input would replace it, even to say why not
+        # A document written onto an input would replace it, even to say why not. Only its own
+        # checks: a bad --json is a usage error the document is there to say.
+        outputs.check_distinct(
+            [("--json", args.json), ("--junitxml", args.junitxml), ("--log", args.log),
+             (run_verdict.FLAG, value)],
+            _inputs(args),
+        )
     except UsageError:
         return None
     return value

@@ -111,12 +111,9 @@ def _validate(args: argparse.Namespace) -> Settings:
         # A user-space kernel's adapter says why the host cannot see its tasks (unless the caller did).
         if resolved.host_cannot_observe and not getattr(args, "host_cannot_observe", None):
             args.host_cannot_observe = resolved.host_cannot_observe
-    for flag, value in (("--junitxml", args.junitxml), ("--json", args.json)):
-        if value is not None:
-            outputs.check_target(flag, value, stdout_ok=flag == "--json")
-    # No report may replace an input or another report (issue 28: `--json` onto the profile).
-    outputs.check_distinct(
-        [("--json", args.json), ("--junitxml", args.junitxml), ("--log", getattr(args, "log", None))],
+    outputs.check_reports(
+        [("--junitxml", args.junitxml, False), ("--json", args.json, True),
+         ("--log", getattr(args, "log", None), False)],
         [("--profile", profile), ("--expected-skips", args.expected_skips),
          ("--launcher", outputs.launcher_file(launcher))],
     )

@@ -130,6 +130,17 @@ def write_text(path: str | Path, text: str) -> None:
         f.write(text)
 
 
+def check_reports(reports: Iterable[tuple[str, str | None, bool]], inputs: Iterable[Named]) -> None:
+    """The one check of a command's reports, before any work (`witness`, `run`): each
+    (flag, value, stdout_ok) that is set is a file it can replace (check_target), and none is an input
+    or another report (check_distinct; issue 28: `--json` onto the profile)."""
+    reports = list(reports)
+    for flag, value, stdout_ok in reports:
+        if value is not None:
+            check_target(flag, value, stdout_ok=stdout_ok)
+    check_distinct([(flag, value) for flag, value, _ in reports], inputs)
+
+
 def launcher_file(prefix: str | None) -> str | None:
     """The file a `--launcher PREFIX` runs, when its first word names an existing one: an input that no
     output may replace."""
