@@ -71,6 +71,15 @@ def _validate(args: argparse.Namespace, request: Request) -> None:
                 inputs.read_bytes(path)  # a regular file within bounds (processes/inputs.py)
             except inputs.UnusableInput as e:
                 raise UsageError(f"{flag} {path}: {e}") from None
+    if args.profile is not None or args.expected_skips is not None:
+        # What they say, in the witness command's words, before anything is probed: a mistake in the
+        # profile is one line and exit 2 whatever the mode (the embedded profile is ours, and tested).
+        from sandbox_conformance.conformance import settings
+
+        try:
+            settings.check_files(args.profile, args.expected_skips)
+        except settings.InvalidSettings as e:
+            raise UsageError(str(e)) from None
     if args.as_user is not None and request.mode is Mode.container:
         raise UsageError("--as-user: container mode already runs the suite as root and as its own "
                          "unprivileged user")

@@ -195,6 +195,28 @@ def select(prof: profile_mod.Profile, only: Iterable[str], skip: Iterable[str]
     return prof._replace(unselected=frozenset(left_out)), selection
 
 
+def check_files(profile: str | None,
+                expected_skips: str | None) -> tuple[profile_mod.Profile, dict[str, str] | None]:
+    """The profile and the expected skips, read and checked: what they say does not depend on where
+    the suite runs, so `run` checks them too, before it probes (commands/run.py), with the words the
+    witness command would use."""
+    try:
+        prof = profile_mod.load(profile)
+    except profile_mod.InvalidProfile as e:
+        raise InvalidSettings(str(e)) from None
+    if not prof.promises():
+        raise InvalidSettings(f"{prof.source}: (profile): expected at least one promise the suite can "
+                              "witness")
+    # A FIFO, /dev/zero, a loop: one line, never a hang (processes/inputs.py).
+    try:
+        expected = read_expected_skips(expected_skips) if expected_skips is not None else None
+    except inputs.UnusableInput as e:
+        raise InvalidSettings(f"--expected-skips {expected_skips}: {e}") from None
+    except (OSError, ValueError) as e:
+        raise InvalidSettings(f"--expected-skips: {e}") from None
+    return prof, expected
+
+
 def build(
     *,
     profile: str | None,
@@ -222,13 +244,7 @@ def build(
                         ("--launch-timeout", launch_timeout)):
         if value == "":
             raise InvalidSettings(f"{flag}: expected a value, got an empty string")
-    try:
-        prof = profile_mod.load(profile)
-    except profile_mod.InvalidProfile as e:
-        raise InvalidSettings(str(e)) from None
-    if not prof.promises():
-        raise InvalidSettings(f"{prof.source}: (profile): expected at least one promise the suite can "
-                              "witness")
+    prof, expected = check_files(profile, expected_skips)
     prof, selection = select(prof, only, skip)
     try:
         # `--launcher ''` is a mistake, not a request for the built-in sandbox.
@@ -248,13 +264,6 @@ def build(
         )
     if perturbations and lau.kind is not LauncherKind.reference:
         raise InvalidSettings("--perturb applies to the reference launcher only, not with --launcher")
-    # A FIFO, /dev/zero, a loop: one line, never a hang (processes/inputs.py).
-    try:
-        expected = read_expected_skips(expected_skips) if expected_skips is not None else None
-    except inputs.UnusableInput as e:
-        raise InvalidSettings(f"--expected-skips {expected_skips}: {e}") from None
-    except (OSError, ValueError) as e:
-        raise InvalidSettings(f"--expected-skips: {e}") from None
     try:
         seconds = float(launch_timeout) if launch_timeout is not None else default_timeout()
     except ValueError:

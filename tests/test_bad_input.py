@@ -267,3 +267,20 @@ def test_pytest_arguments_pytest_refuses_are_one_usage_line(monkeypatch: pytest.
     one_usage_line(code, err, "-- PYTEST ARGS: pytest refused them: ", extra[0])
     assert out == ""
     assert not list((tmp_path / "state").rglob("*.log"))  # nothing was judged: no report kept
+
+
+@pytest.mark.parametrize("mode", ["native", "container", "vm"])
+@pytest.mark.parametrize(("flag", "text", "says"), [
+    ("--profile", "[filesystem]\nread_only = 5\n", "profile.name: expected a profile name"),
+    ("--expected-skips", "no bar in this line\n", "--expected-skips"),
+])
+def test_runs_inputs_are_read_and_checked_before_it_probes(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mode: str, flag: str, text: str, says: str) -> None:
+    """What a profile or an expected-skips file says does not depend on the mode: one line, exit 2, and
+    no probe, decision or witness run before it (issue 30: one validation, before any work)."""
+    bad = tmp_path / "bad"
+    bad.write_text(text)
+    code, _, err = run_cli(monkeypatch, "run", "--mode", mode, flag, str(bad))
+    line = one_usage_line(code, err, says)
+    assert line.startswith("sandbox-conformance run: ")
+    assert "mode " not in err.replace("mode=", ""), err  # no decision was said: nothing was probed
