@@ -610,6 +610,11 @@ _packed: list[str] = []  # the body, packed once per process (conformance/harnes
 _packing = threading.Lock()
 
 
+def prepare() -> None:
+    """Pack the program's body now (once per process), before the first launch needs it."""
+    _body()
+
+
 def _body() -> str:
     with _packing:
         if not _packed:
