@@ -37,6 +37,7 @@ import contextlib
 import itertools
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -344,10 +345,28 @@ def _tell(msg: Mapping[str, object]) -> None:
         if _state.pipe is None:
             return
         try:
-            _state.pipe.write(json.dumps(msg).encode() + b"\n")
-            _state.pipe.flush()
+            for line in guardian_lines(msg, os.getpid()):
+                # One write per line, each whole: run's forked witness writes to the same pipe, and
+                # pipe(7) keeps a write of at most PIPE_BUF bytes from being interleaved with another's.
+                _state.pipe.write(line)
+                _state.pipe.flush()
         except OSError:
             _state.pipe = None  # the guardian is gone; the next run's sweep is what is left
+
+
+def guardian_lines(msg: Mapping[str, object], writer: int, limit: int = select.PIPE_BUF) -> list[bytes]:
+    """`msg` as the guardian's lines, none longer than `limit` bytes: one line if it fits, else parts
+    the guardian joins by writer ({"part": pid, "text": ..., "end": 1} on the last). A registration
+    is a few hundred bytes, but an undo command carries its engine's environment (a PATH, a
+    DOCKER_CONFIG), whose size is the user's: one line over PIPE_BUF, written while the other writer
+    wrote, would have lost both registrations."""
+    text = json.dumps(msg)  # ensure_ascii: a character is a byte, and escaping one at most doubles it
+    if len(text) < limit:
+        return [text.encode() + b"\n"]
+    step = (limit - 64) // 2  # room for the wrapper and for every character of a piece escaped
+    pieces = [text[i:i + step] for i in range(0, len(text), step)]
+    return [json.dumps({"part": writer, "text": piece, **({"end": 1} if i == len(pieces) - 1 else {})})
+            .encode() + b"\n" for i, piece in enumerate(pieces)]
 
 
 def _start_guardian() -> None:

@@ -3,11 +3,14 @@ what the owner left running when it dies without its own clean-up, that is, by S
 
     python3 -I -S processes/guardian.py OWNER_PID      # stdin: the owner's end of a pipe
 
-It reads one JSON line per registration from stdin, which only its owner can write (processes/cancel.py):
+It reads one JSON line per registration from stdin, which only its owner and `run`'s forked
+witness can write (processes/cancel.py):
     {"key": 3, "group": 4242, "signal": 15}              a process group the owner started
     {"key": 4, "cgroup": "/sys/fs/cgroup/.../task-..."}  a cgroup leaf the owner made
     {"key": 5, "argv": [...], "env": {...}, "timeout": 60} a command that undoes something (docker rm)
     {"done": 3}                                          the owner undid it itself
+    {"part": 4243, "text": "...", "end": 1}              pieces of one registration over PIPE_BUF,
+                                                         by writer (cancel.py guardian_lines)
 EOF on stdin means the owner is gone, however it went (the kernel closes a dead process's pipes). The
 owner's own path ends with nothing registered, so then the guardian just exits. Otherwise it stops
 every group still registered (its stop signal, then SIGKILL after GRACE seconds), kills and removes
@@ -172,6 +175,15 @@ def _scanner() -> Any:
     return _json.make_scanner(Context())  # type: ignore[arg-type]  # typeshed: the context is a scanner
 
 
+def _document(scan: Any, line: bytes) -> dict[str, Any] | None:
+    try:
+        text = line.decode().strip()
+        msg, end = scan(text, 0)
+    except (StopIteration, ValueError):  # not a document (a malformed one: JSONDecodeError)
+        return None
+    return msg if end == len(text) and isinstance(msg, dict) else None
+
+
 def main(argv: list[str]) -> int:
     owner = argv[1] if len(argv) > 1 else "?"
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGPIPE):
@@ -180,16 +192,21 @@ def main(argv: list[str]) -> int:
         # stop path closes our stdin, which is how we end.
         signal.signal(sig, signal.SIG_IGN)
     entries: dict[int, dict[str, Any]] = {}
+    parts: dict[int, str] = {}  # a long registration's text so far, by writer
     scan = None
     for line in sys.stdin.buffer:
         if scan is None:  # here, not at start: the first line comes once the owner starts something
             scan = _scanner()
-        try:
-            text = line.decode().strip()
-            msg, end = scan(text, 0)
-        except (StopIteration, ValueError):  # not a document (a malformed one: JSONDecodeError)
-            continue
-        if end != len(text) or not isinstance(msg, dict):
+        msg = _document(scan, line)
+        if msg is not None and isinstance(msg.get("part"), int):  # a piece of a long one (cancel.py)
+            writer = msg["part"]
+            text = parts.get(writer, "") + str(msg.get("text", ""))
+            if not msg.get("end"):
+                parts[writer] = text
+                continue
+            parts.pop(writer, None)
+            msg = _document(scan, text.encode())
+        if msg is None:
             continue
         if "done" in msg:
             entries.pop(int(msg["done"]), None)

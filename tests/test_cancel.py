@@ -20,6 +20,7 @@ import json
 import os
 import re
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from sandbox_conformance.processes import guardian, owner
+from sandbox_conformance.processes import cancel, guardian, owner
 from sandbox_conformance.processes.owner import Stamp
 
 if TYPE_CHECKING:
@@ -231,6 +232,25 @@ def test_the_guardian_stops_what_its_dead_owner_registered_and_forgets_what_it_u
         for p in (kept, stubborn):
             p.kill()
             p.wait()
+
+
+def test_registrations_over_pipe_buf_reach_the_guardian_whole_when_two_writers_interleave(
+        tmp_path: Path) -> None:
+    # run and its forked witness share the guardian's pipe; pipe(7) keeps only writes of at most
+    # PIPE_BUF bytes whole. An undo command whose environment is bigger (a long PATH) is sent in parts.
+    big_env = {"PATH": BASE_PATH + ":" + ":".join(f"/opt/\"{i}\"/bin" for i in range(900)),
+               "SBXC_MARK": "x" * 5000}
+    markers = [tmp_path / "first", tmp_path / "second"]
+    regs = [{"key": n, "argv": ["sh", "-c", f'[ ${{#SBXC_MARK}} = 5000 ] && touch {m}'], "env": big_env,
+             "timeout": 10} for n, m in enumerate(markers, 1)]
+    first, second = (cancel.guardian_lines(r, writer) for r, writer in zip(regs, (100, 200), strict=True))
+    assert len(first) > 2 and all(len(line) <= select.PIPE_BUF for line in first + second)
+    assert cancel.guardian_lines({"done": 1}, 100) == [b'{"done": 1}\n']  # a short one stays one line
+    woven = [line for pair in zip(first, second, strict=False) for line in pair]
+    woven += first[len(second):] + second[len(first):]
+    g = _guardian()
+    _, err = g.communicate(b"".join(woven), timeout=30)
+    assert all(m.exists() for m in markers), err.decode()
 
 
 def test_the_guardian_of_an_owner_that_undid_everything_exits_at_once_and_quietly() -> None:
