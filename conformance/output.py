@@ -28,7 +28,6 @@ from typing import Any, NamedTuple, TextIO
 from sandbox_conformance.conformance import render
 from sandbox_conformance.conformance.render import Format, Row, Style
 from sandbox_conformance.processes.exits import EXIT_OK, EXIT_USAGE, UsageError
-from sandbox_conformance.processes.outputs import check_target
 
 KEEP = 20
 PROG = "sandbox-conformance witness"
@@ -46,13 +45,13 @@ LOG_HELP = (
 
 
 def check_arguments(args: Any) -> None:
-    """Usage errors of the three options, said before any work starts."""
+    """Usage errors of the three options, said before any work starts. Whether --log names a file we
+    can replace, and no input or other report, is each command's one check of all its reports
+    (processes/outputs.py check_reports)."""
     if args.verbose and args.log:
         raise UsageError("-v shows pytest's report on stderr, --log FILE writes it to FILE: give one")
     if getattr(args, "json", None) == "-" and args.format not in (None, Format.auto, Format.lines):
         raise UsageError(f"--json - prints the JSON report on stdout: no --format {args.format} beside it")
-    if args.log is not None:
-        check_target("--log", args.log)
 
 
 # ---- the log directory ------------------------------------------------------------------------------
