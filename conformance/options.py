@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from sandbox_conformance.conformance import output, promises
 from sandbox_conformance.conformance.profile import PLACEHOLDERS
 from sandbox_conformance.conformance.render import Format
+from sandbox_conformance.processes.exits import MAX_SECONDS, seconds_ok
 
 WITNESS, RUN, PLUGIN = "witness", "run", "plugin"
 REQUIRE_ENV = "SANDBOX_CONFORMANCE_REQUIRE"  # --require, for a whole CI job
@@ -186,6 +187,11 @@ class _Alias(argparse.Action):
                  option_string: str | None = None) -> None:
         import sys
 
+        if isinstance(values, float) and not seconds_ok(values):
+            # Said here, in one line with the new name, not as the notice and then the new option's
+            # own error (two lines for one bad input; issue 28).
+            parser.error(f"{option_string} {values:g}: expected a positive number of seconds, at most "
+                         f"{MAX_SECONDS:g} ({self.said})")
         print(f"{parser.prog}: {self.said}", file=sys.stderr)
         setattr(namespace, self.dest, values)  # converted by argparse (`type`) before this
 

@@ -166,7 +166,10 @@ def test_the_fleet_table_is_never_written_into_a_hosts_directory(
 # ---- bad numbers, names and places --------------------------------------------------------------
 
 NUMBERS = [
-    ("witness", "--launch-timeout"), ("run", "--timeout"), ("run", "--launch-timeout"),
+    # witness --timeout: the old spelling of --launch-timeout, whose rename notice must not make a
+    # bad value two lines.
+    ("witness", "--launch-timeout"), ("witness", "--timeout"),
+    ("run", "--timeout"), ("run", "--launch-timeout"),
     ("controls", "--timeout"), ("controls", "--launch-timeout"),
 ]
 
