@@ -25,6 +25,7 @@ import dataclasses
 import json
 import os
 import re
+import stat
 import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping, Sequence
@@ -211,9 +212,14 @@ def _is_host_dir(d: Path) -> bool:
 
 
 def load(reports: Path) -> Fleet:
-    if not reports.exists():
-        raise UsageError(f"{reports}: no such directory")
-    if not reports.is_dir():
+    try:
+        # os.stat, not Path.exists()/is_dir(): those let ENAMETOOLONG and EACCES through as a traceback.
+        st = os.stat(reports)
+    except FileNotFoundError:
+        raise UsageError(f"{reports}: no such directory") from None
+    except OSError as e:
+        raise UsageError(f"{str(reports)[:200]}: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
         raise UsageError(f"{reports}: not a directory")
     dirs = sorted(d for d in reports.iterdir() if d.is_dir() and _is_host_dir(d))
     if not dirs:

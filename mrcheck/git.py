@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+import stat
 from pathlib import Path
 
 from sandbox_conformance.processes.children import Completed, Runner, minimal_env, run
@@ -127,7 +128,15 @@ def git_message(done: Completed) -> str:
 
 
 def toplevel(cwd: Path, runner: Runner = run) -> Path:
-    if not cwd.is_dir():
+    try:
+        # Not Path.is_dir(): it lets ENAMETOOLONG and EACCES through as a traceback (pathlib
+        # _ignore_error keeps only ENOENT, ENOTDIR, EBADF, ELOOP).
+        is_dir = stat.S_ISDIR(os.stat(cwd).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        is_dir = False
+    except OSError as e:
+        raise GitRefused(f"not a git repository: {str(cwd)[:200]}: {e.strerror}") from None
+    if not is_dir:
         raise GitRefused(f"not a git repository: {cwd} is not a directory")
     done = Git(cwd, runner)("rev-parse", "--show-toplevel")
     if not done.ok or not done.stdout.strip():

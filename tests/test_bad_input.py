@@ -261,6 +261,21 @@ def test_a_special_file_as_an_input_is_one_line_never_a_hang(
     one_usage_line(code, err)
 
 
+LONG_NAME = ["witness --profile", "witness --expected-skips", "witness --layout-root", "witness --json",
+             "witness --log", "run --profile", "run --verdict-json", "mr-check -C", "mr-check --config",
+             "fleet-report"]
+
+
+@pytest.mark.parametrize("given", LONG_NAME)
+def test_a_path_longer_than_the_kernel_takes_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, given: str
+) -> None:
+    # ENAMETOOLONG: `mr-check -C` was a traceback (pathlib's is_dir() lets that errno through).
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(monkeypatch, *given.split(), "a" * 5000)
+    one_usage_line(code, err)
+
+
 @pytest.mark.parametrize("extra", [["--bogus-pytest-opt"], ["no_such_test_file.py"]])
 def test_pytest_arguments_pytest_refuses_are_one_usage_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                            extra: list[str]) -> None:
