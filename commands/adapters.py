@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import pwd
 import shlex
 
 from sandbox_conformance.conformance import adapters
@@ -24,6 +25,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.as_user is not None:
+        # Only that the user exists: what this prints may be meant for a root shell elsewhere, so not
+        # witness's "needs root" (processes/exits.py check_as_user). A typo was a listing, exit 0.
+        try:
+            pwd.getpwnam(args.as_user)
+        except KeyError:
+            raise UsageError(f"--as-user: no such user {args.as_user!r}") from None
     if args.what == "list":
         for ad in adapters.ADAPTERS.values():
             print(f"{ad.name}\t{ad.summary}")
