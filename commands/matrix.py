@@ -29,6 +29,7 @@ import os
 import platform
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from sandbox_conformance.processes import outputs
 from sandbox_conformance.processes.children import run
 from sandbox_conformance.processes.exits import (
     EXIT_FAIL,
@@ -45,6 +47,7 @@ from sandbox_conformance.processes.exits import (
     EXIT_UNAVAILABLE,
     UsageError,
     check_as_user,
+    check_seconds,
 )
 
 REFERENCE = "reference"
@@ -454,38 +457,70 @@ def junit(doc: Mapping[str, Any]) -> bytes:
 
 
 def _validate(args: argparse.Namespace) -> tuple[list[str], list[str | None]]:
+    """Every usage error before a column runs: exit 2, one line (the same checks as witness and run:
+    processes/outputs.py for the files, processes/exits.py for the seconds and the users)."""
     known = sandbox_names()
     chosen = known if not args.sandboxes else [s.strip() for s in args.sandboxes.split(",") if s.strip()]
     unknown = [s for s in chosen if s not in known]
     if unknown or not chosen:
         bad = unknown[0] if unknown else "(none)"
         raise UsageError(f"--sandboxes: no sandbox {bad!r} (known: {', '.join(known)})")
+    twice = next((s for i, s in enumerate(chosen) if s in chosen[:i]), None)
+    if twice is not None:
+        # Two columns of one id: the second's reports replaced the first's, and the table showed one.
+        raise UsageError(f"--sandboxes: {twice!r} given twice")
     if args.jobs not in range(1, MAX_JOBS + 1):
         raise UsageError(f"--jobs: expected 1 to {MAX_JOBS}, got {args.jobs}")
-    if args.timeout <= 0:
-        raise UsageError("--timeout: expected a positive number of seconds")
-    if args.profile and not Path(args.profile).is_file():
-        raise UsageError(f"--profile: no such file {args.profile}")
+    check_seconds("--timeout", args.timeout)  # nan and inf passed `<= 0`, then failed mid-run
     if args.profile:
-        from sandbox_conformance.conformance import profile as profile_mod
-
-        try:
-            profile_mod.load(args.profile)
-        except Exception as e:
-            raise UsageError(f"--profile: {e}") from None
+        _check_profile(args.profile)
     for u in args.as_user:
         check_as_user(u, group_by_name=False)
-    for flag in ("json", "markdown", "junitxml"):
-        value = getattr(args, flag)
-        if value is not None and value != "-" and not Path(value).resolve().parent.is_dir():
-            raise UsageError(f"--{flag}: no directory for {value}")
+    outputs.check_reports([("--json", args.json, True), ("--markdown", args.markdown, False),
+                           ("--junitxml", args.junitxml, False)], [("--profile", args.profile)])
+    if args.reports:
+        _check_reports_dir(args.reports, chosen, [None, *args.as_user],
+                           [("--json", args.json), ("--markdown", args.markdown),
+                            ("--junitxml", args.junitxml), ("--profile", args.profile)])
     return chosen, [None, *dict.fromkeys(args.as_user)]
 
 
-def _write(path: str, data: bytes) -> None:
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+def _check_profile(path: str) -> None:
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise UsageError(f"--profile {path[:200]}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"--profile {path}: not a regular file (a FIFO, a device or a socket is never read)")
+    from sandbox_conformance.conformance import profile as profile_mod
+
+    try:
+        profile_mod.load(path)
+    except Exception as e:
+        raise UsageError(f"--profile: {e}") from None
+
+
+def _check_reports_dir(value: str, sandboxes: Sequence[str], users: Sequence[str | None],
+                       others: Sequence[tuple[str, str | None]]) -> None:
+    """--reports DIR: a directory (made if need be) where each column's JSON and JUnit can be written,
+    none of which is another option's file."""
+    try:
+        st: os.stat_result | None = os.stat(value)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise UsageError(f"--reports {value[:200]}: {e.strerror}") from None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"--reports {value}: not a directory")
+    if st is not None:
+        # Tried, as for every output: /proc and a read-only mount refuse a file.
+        outputs.check_target("--reports", os.path.join(value, ".sbxc-matrix-probe"))
+    stems = [(s if u is None else f"{s}-as-{u}") for s in sandboxes for u in dict.fromkeys(users)]
+    files = [os.path.join(value, f"{stem}{ext}") for stem in stems for ext in (".json", ".xml")]
+    for flag, other in others:
+        for f in files:
+            if other and other != "-" and outputs.same_file(f, other):
+                raise UsageError(f"{flag} {other}: is also a column's report in --reports {value}")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -508,12 +543,15 @@ def main(args: argparse.Namespace) -> int:
          *([f"--sandboxes {args.sandboxes}"] if args.sandboxes else []),
          *([f"--markdown {args.markdown}"] if args.markdown else [])]
     )
+    # Whole or not at all, each beside its target (processes/outputs.py): a fixed `.NAME.tmp` was
+    # shared by two matrix runs writing the same report.
     if args.json and args.json != "-":
-        _write(args.json, (json.dumps(doc, indent=1) + "\n").encode())
+        outputs.write_text(args.json, json.dumps(doc, indent=1) + "\n")
     if args.markdown:
-        _write(args.markdown, render_markdown(doc, command=command.strip()).encode())
+        outputs.write_text(args.markdown, render_markdown(doc, command=command.strip()))
     if args.junitxml:
-        _write(args.junitxml, junit(doc))
+        with outputs.replacing(args.junitxml) as tmp:
+            tmp.write_bytes(junit(doc))
     if args.format == "json" or args.json == "-":
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     elif args.format == "markdown":

@@ -316,3 +316,34 @@ def test_runs_inputs_are_read_and_checked_before_it_probes(
     line = one_usage_line(code, err, says)
     assert line.startswith("sandbox-conformance run: ")
     assert "mode " not in err.replace("mode=", ""), err  # no decision was said: nothing was probed
+
+
+# ---- matrix: the same checks, before any column runs -----------------------------------------------
+
+MATRIX_BAD = [
+    (["--json", "{fifo}"], "--json"),  # a special file: the old matrix renamed its JSON over /dev/full
+    (["--markdown", "-"], "--markdown"), (["--junitxml", "-"], "--junitxml"),
+    (["--json", "{d}/m", "--markdown", "{d}/m"], "--json"),
+    (["--profile", "{d}/p.toml", "--json", "{d}/p.toml"], "--json"),
+    (["--timeout", "nan"], "--timeout"), (["--timeout", "inf"], "--timeout"),
+    (["--timeout", "1e308"], "--timeout"), (["--reports", "{d}/p.toml"], "--reports"),
+    (["--reports", "{d}", "--json", "{d}/reference.json"], "--json"),
+    (["--sandboxes", "reference,reference"], "--sandboxes"), (["--profile", "{fifo}"], "--profile"),
+]
+
+
+@pytest.mark.parametrize(("argv", "flag"), MATRIX_BAD, ids=[" ".join(a) for a, _ in MATRIX_BAD])
+def test_matrix_refuses_bad_outputs_and_numbers_before_any_column_runs(
+    monkeypatch: pytest.MonkeyPatch, inputs: Path, argv: list[str], flag: str
+) -> None:
+    from sandbox_conformance.commands import matrix
+
+    def no_column(*_: object, **__: object) -> None:
+        raise AssertionError("a column ran: the bad input was not caught first")
+
+    monkeypatch.setattr(matrix, "run_column", no_column)
+    fifo = inputs / "fifo"  # the fixture's
+    before = (inputs / "p.toml").read_bytes()
+    code, _, err = run_cli(monkeypatch, "matrix", *(a.format(d=inputs, fifo=fifo) for a in argv))
+    one_usage_line(code, err, flag)
+    assert (inputs / "p.toml").read_bytes() == before and fifo.is_fifo()
