@@ -124,9 +124,13 @@ def _run(cmd: Command, scratch: Path) -> str | None:
     want = int(cmd.expect.split()[1])
     if done.returncode == want and "Traceback" not in done.stderr:
         return None
+    # The lines that say what went wrong, wherever they are: a `controls` table is longer than any tail,
+    # and its FAILED row was cut off once (a fresh clone under load: `controls` exited 1, reason unseen).
+    said = [ln for ln in done.stdout.splitlines() if re.search(r"FAILED|BROKEN|harness error", ln)]
     return (
         f"{cmd.doc}:{cmd.line}: `{cmd.text}` exited {done.returncode}, the document says {want}\n"
-        f"{done.stdout[-1200:]}\n{done.stderr[-1200:]}"
+        + "".join(f"{ln[:2000]}\n" for ln in said[:20])
+        + f"{done.stdout[-1200:]}\n{done.stderr[-1200:]}"
     )
 
 
