@@ -512,9 +512,19 @@ def _check_reports_dir(value: str, sandboxes: Sequence[str], users: Sequence[str
         raise UsageError(f"--reports {value[:200]}: {e.strerror}") from None
     if st is not None and not stat.S_ISDIR(st.st_mode):
         raise UsageError(f"--reports {value}: not a directory")
-    if st is not None:
-        # Tried, as for every output: /proc and a read-only mount refuse a file.
-        outputs.check_target("--reports", os.path.join(value, ".sbxc-matrix-probe"))
+    # Where the first file will be made: DIR, or the nearest directory above it that exists (DIR is
+    # made with its parents). Tried, as for every output: /proc and a read-only mount refuse a file.
+    where = os.path.realpath(value)
+    while not os.path.isdir(where):
+        if os.path.lexists(where):
+            raise UsageError(f"--reports {value}: {where} is not a directory")
+        where = os.path.dirname(where)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".sbxc-matrix.", dir=where)
+    except OSError as e:
+        raise UsageError(f"--reports {value}: cannot create a file in {where}: {e.strerror}") from None
+    os.close(fd)
+    os.unlink(probe)
     stems = [(s if u is None else f"{s}-as-{u}") for s in sandboxes for u in dict.fromkeys(users)]
     files = [os.path.join(value, f"{stem}{ext}") for stem in stems for ext in (".json", ".xml")]
     for flag, other in others:

@@ -328,6 +328,7 @@ MATRIX_BAD = [
     (["--timeout", "nan"], "--timeout"), (["--timeout", "inf"], "--timeout"),
     (["--timeout", "1e308"], "--timeout"), (["--reports", "{d}/p.toml"], "--reports"),
     (["--reports", "{d}", "--json", "{d}/reference.json"], "--json"),
+    (["--reports", "/proc/sbxc-none/reports"], "--reports"),  # made with its parents: where is tried
     (["--sandboxes", "reference,reference"], "--sandboxes"), (["--profile", "{fifo}"], "--profile"),
 ]
 
