@@ -202,6 +202,32 @@ def test_a_dead_runs_cgroup_leaf_is_killed_and_removed_and_a_live_ones_kept(cgro
         inside.wait()
 
 
+def test_no_redelivered_interrupt_outlives_uninstall() -> None:
+    """A Cancelled owed (a stop signal that came inside an import) is redelivered every 5 ms until it
+    is raised. One sent after the command ended met the handler the process started with: for SIGINT
+    Python's, and a KeyboardInterrupt traceback from threading._shutdown after the verdict line
+    (tests/test_signal_anytime.py, a fresh clone under load)."""
+    script = r"""
+import signal, threading, time
+from sandbox_conformance.processes import cancel
+hits = []
+signal.signal(signal.SIGINT, lambda s, f: hits.append(s))  # ours, in install()'s place: it only counts
+cancel._state.previous[signal.SIGINT] = signal.default_int_handler  # what uninstall() puts back
+cancel._state.received = cancel.Cancelled(signal.SIGINT)
+cancel._state.owed = True
+cancel._redeliver()
+time.sleep(0.05)
+assert hits, "no redelivery: the test proves nothing"
+cancel.uninstall()
+alive = [t.name for t in threading.enumerate() if t.name == "sbxc-redeliver"]
+time.sleep(0.05)  # a redelivery now raises KeyboardInterrupt here
+print("clean", alive)
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "clean []", done.stdout + done.stderr
+
+
 # ---------------------------------------------------------------- the guardian
 
 
