@@ -46,7 +46,7 @@ from sandbox_conformance.kernel.cgroupfs import own_cgroup
 from sandbox_conformance.probes.finding import Finding, Verdict
 from sandbox_conformance.probes.host import Host
 from sandbox_conformance.processes import cancel, kills, owner
-from sandbox_conformance.processes.children import Background, Completed, minimal_env, run
+from sandbox_conformance.processes.children import Background, Completed, minimal_env, run, settle_fork_hooks
 
 # The neighbour leaf's limits when the profile sets none (a leaf with "max" everywhere would not show
 # a successful write of "max").
@@ -350,6 +350,8 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         # A thread of its own, known before a stop signal can unwind us (cancel.deferred): a signal
         # inside an executor's submit left its worker idle and unknown to concurrent.futures' exit
         # handler, and the interpreter's exit joined it for ever (issue 28).
+        # The launch forks while this thread imports pytest, which imports logging (settle_fork_hooks).
+        settle_fork_hooks()
         with cancel.deferred():
             self._started[key] = Background(self._attempt_and_more if key == "main" else self._attempt,
                                             name=f"sbxc-launch-{key}")

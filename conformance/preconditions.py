@@ -11,7 +11,7 @@ from __future__ import annotations
 from sandbox_conformance.conformance.handover import PRECONDITION_PROBES
 from sandbox_conformance.probes.finding import Finding
 from sandbox_conformance.probes.host import Host
-from sandbox_conformance.processes.children import Background
+from sandbox_conformance.processes.children import Background, settle_fork_hooks
 
 
 def needed(reference: bool) -> tuple[str, ...]:
@@ -37,13 +37,9 @@ _prefetched: dict[tuple[str | None, tuple[str, ...]], Background[dict[str, Findi
 def prefetch(as_user: str | None, probes: tuple[str, ...] = PRECONDITION_PROBES) -> None:
     """Start the precondition probes in the background; findings() then waits for them.
 
-    Their trial forks (Popen with a preexec_fn runs the at-fork handlers, os.register_at_fork) while
-    this thread goes on importing. `logging` and `concurrent.futures.thread` register handlers that
-    take a lock before a fork and release it after: a module imported between another thread's
-    before- and after-fork calls releases a lock it never took (RuntimeError: cannot release
-    un-acquired lock, printed as "Exception ignored"; seen in a witness run's output). Both are
-    imported here, before the first fork: the harness needs them anyway."""
-    import concurrent.futures.thread  # noqa: F401  # imports logging too
+    Their trial forks while this thread goes on importing: the modules whose at-fork handlers come in
+    pairs are imported first (processes/children.py settle_fork_hooks)."""
+    settle_fork_hooks()
 
     if (as_user, probes) not in _prefetched:
         _prefetched[as_user, probes] = Background(_probe, as_user, None, probes, name="sbxc-preconditions")

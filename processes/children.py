@@ -333,6 +333,18 @@ def _read_terminal(master: int, into: _Tail, gone: int) -> None:
         os.close(gone)
 
 
+def settle_fork_hooks() -> None:
+    """Import, in this thread and before another thread forks, the modules that register at-fork
+    handlers in pairs (os.register_at_fork: a lock taken before a fork, released after it): logging
+    and concurrent.futures.thread. A Popen with a preexec_fn runs those handlers; one of the modules
+    imported by this thread between another thread's before- and after-fork calls has its `after`
+    run alone and releases a lock it never took (RuntimeError: cannot release un-acquired lock,
+    printed as "Exception ignored in: <function _releaseLock>"). pytest imports logging, and the
+    witness's launches fork beside that import: seen in `run`'s forked witness, whose precondition
+    probes (which import these first, conformance/preconditions.py) were handed down, not run."""
+    import concurrent.futures.thread  # noqa: F401  # imports logging too
+
+
 class Background(Generic[T]):
     """fn(*args) on its own thread, started at once; result() waits and returns its value or re-raises
     what it raised. The probes' concurrency (concurrent.futures would import logging, ~4 ms of every

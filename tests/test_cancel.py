@@ -860,3 +860,27 @@ def test_the_next_docker_tier_sweeps_what_a_killed_pytest_left_and_not_a_live_ti
     finally:
         shim.kill()
         shim.wait()
+
+
+def test_a_background_launch_starts_only_once_the_pairwise_fork_hooks_are_imported() -> None:
+    """logging and concurrent.futures.thread register at-fork handlers in pairs; imported by the main
+    thread (pytest imports logging) between a launch thread's before- and after-fork calls, one
+    released a lock it never took: "Exception ignored in: <function _releaseLock>" in `run`'s output
+    (its forked witness is handed the precondition probes, which import them first elsewhere)."""
+    script = r"""
+import sys
+from sandbox_conformance.conformance import harness
+assert "logging" not in sys.modules, "imported already: the test proves nothing"
+seen = []
+class Recorder:
+    def __init__(self, *a, **k):
+        seen.append(("logging" in sys.modules, "concurrent.futures.thread" in sys.modules))
+harness.Background = Recorder
+s = object.__new__(harness.WitnessSession)
+s.layout, s._tasks, s._started = object(), {}, {}
+harness.WitnessSession.start(s)
+print(seen)
+"""
+    done = subprocess.run([sys.executable, "-I", "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[(True, True)]", done.stdout + done.stderr
