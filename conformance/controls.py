@@ -19,6 +19,9 @@ import platform
 import shlex
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import PurePosixPath
+
+from sandbox_conformance.kernel import mountinfo
 
 # Witness node ids as pytest names them when `witness` runs the modules of conformance/witnesses/ with
 # conformance/ as the rootdir: `witnesses/MODULE.py::test_x[param]`. Compared by the part after the
@@ -131,6 +134,8 @@ class Needs(enum.StrEnum):
     # Run by a user, bwrap --dev maps the task into a second one nested below it (uid 0 is needed in
     # the first to mount devpts), which kept capabilities never reach the mount namespace from.
     one_userns = enum.auto()
+    # Tasks launched as root, and a cgroup hierarchy mounted at /sys/fs/cgroup on the host to bind in.
+    host_cgroupfs_as_root = enum.auto()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -612,6 +617,22 @@ REACH: tuple[Control, ...] = (
         needs=Needs.as_root,
     ),
     Control(
+        "cgroupfs_bound",
+        "the host's /sys/fs/cgroup is bound in read-write (as `--privileged` or a `-v /sys/fs/cgroup` "
+        "mount gives it): every cgroup of the host's is the task's to write, a v1 release_agent among "
+        "them (CVE-2022-0492)",
+        launcher_args=("--append=--bind", "--append=/sys/fs/cgroup", "--append=/sys/fs/cgroup"),
+        reddens=(KERNEL_INTERFACES,),
+        collateral=(
+            Collateral(
+                WRITE_SURFACE,
+                "on a v1 or hybrid host /sys/fs/cgroup itself is a tmpfs holding the hierarchies' mount "
+                "points: the bind carries that host tmpfs in read-write too",
+            ),
+        ),
+        needs=Needs.host_cgroupfs_as_root,
+    ),
+    Control(
         "no_new_session",
         "no --new-session: the task keeps the launcher's controlling terminal and pushes input into it "
         "with TIOCSTI (bwrap CVE-2017-5226)",
@@ -788,6 +809,14 @@ def not_applicable(
             "below the one that owns its mount namespace, so capabilities kept there never reach it "
             "(measured: fsopen(2) EPERM under --cap-add ALL; run the controls as root)"
         )
+    if control.needs is Needs.host_cgroupfs_as_root:
+        if not as_root:
+            return (
+                "tasks run as an unprivileged user: the files at a cgroup hierarchy's root belong to root "
+                "(0644), so file modes refuse the task whatever the sandbox shows (run the controls as root)"
+            )
+        if not _host_cgroupfs():
+            return "the host has no cgroup hierarchy mounted at /sys/fs/cgroup: nothing to bind in"
     if control.needs is Needs.legacy_tiocsti and _legacy_tiocsti() == "0":
         return "dev.tty.legacy_tiocsti = 0: this kernel refuses TIOCSTI to every task, sandboxed or not"
     if control.needs is Needs.x86_64 and platform.machine() != "x86_64":
@@ -798,6 +827,21 @@ def not_applicable(
             "the write whatever the sandbox shows (run the controls as root)"
         )
     return None
+
+
+def _host_cgroupfs() -> bool:
+    try:
+        with open("/proc/self/mountinfo") as f:
+            mounts = mountinfo.parse(f.read())
+    except OSError:
+        return False
+    top = PurePosixPath("/sys/fs/cgroup")
+    return any(
+        m.fstype in ("cgroup", "cgroup2")
+        and m.root == "/"
+        and PurePosixPath(m.mount_point).is_relative_to(top)
+        for m in mounts
+    )
 
 
 def _legacy_tiocsti() -> str:

@@ -960,6 +960,9 @@ def kernel_writes(paths: "Sequence[str]", write_back: "Sequence[str]") -> "list[
     # Opened for writing, never written with a value of ours: the kernel checks a sysctl's permission at
     # open (fs/proc/proc_sysctl.c, proc_sys_permission), so an open that succeeds is the broken promise.
     # Where it does and the path is harmless, the value it already holds is written back, to prove it.
+    # Some files check again at write: a sysctl (proc_sys_call_handler), a cgroup v1 release_agent
+    # (EPERM outside the initial user namespace since the CVE-2022-0492 fix, cgroup1_release_agent_write):
+    # a write-back the kernel refuses is recorded (write_errno) and the setting is out of reach.
     out: list[dict[str, object]] = []
     for path in paths:
         try:
@@ -971,7 +974,9 @@ def kernel_writes(paths: "Sequence[str]", write_back: "Sequence[str]") -> "list[
         try:
             if path in write_back:
                 with open(path, "rb") as f:
-                    os.write(fd, f.read(256))
+                    held = f.read(8192)  # whole: a release_agent holds up to PATH_MAX
+                # An empty value is written as a newline, which every one of these strips (strstrip).
+                os.write(fd, held or b"\n")
                 entry["wrote_back"] = True
         except OSError as e:
             entry["write_errno"] = errname(e)
@@ -979,6 +984,27 @@ def kernel_writes(paths: "Sequence[str]", write_back: "Sequence[str]") -> "list[
             os.close(fd)
         out.append(entry)
     return out
+
+
+def cgroup_settings(table: object) -> "list[str]":
+    # The host's cgroup hierarchies, where the task's mount table shows one from its very root: a root
+    # the host's services and every other sandbox live under. Only a hierarchy's real root holds a v1
+    # release_agent (a program the kernel runs as root, the CVE-2022-0492 escape) and lacks cgroup.type
+    # in v2 (both CFTYPE_ONLY_ON_ROOT / CFTYPE_NOT_ON_ROOT, kernel/cgroup/cgroup.c): a mount a cgroup
+    # namespace made shows its own root, which has it. cgroup.max.depth there caps every cgroup the
+    # host makes (0 stops systemd and every container engine); its own value is written back.
+    if not isinstance(table, list):
+        return []
+    out: list[str] = []
+    for m in table:
+        if not isinstance(m, dict):
+            continue
+        top = str(m.get("mount_point", "")).rstrip("/")
+        if m.get("fstype") == "cgroup" and os.path.exists(top + "/release_agent"):
+            out.append(top + "/release_agent")
+        elif m.get("fstype") == "cgroup2" and not os.path.exists(top + "/cgroup.type"):
+            out.append(top + "/cgroup.max.depth")
+    return sorted(set(out))[:64]
 
 
 def _rdev(st: os.stat_result) -> str:
@@ -1126,9 +1152,16 @@ def reach(spec: "Mapping[str, Any]", fds: "Sequence[int]", doc: "dict[str, objec
     roots = [r for r in (os.environ.get("HOME"), observe(os.getcwd)) if isinstance(r, str)]
     if secret:
         doc["secrets"] = observe(secret_scan, secret, spec.get("secret_paths", []), [*roots, "/run/secrets"])
-    doc["kernel_writes"] = observe(kernel_writes, spec.get("kernel_paths", []), spec.get("write_back", []))
-    # A node bound next to a minimal /dev (at /kvm, say) is a mount point: every one is tried too.
     table = doc.get("mountinfo")
+    if spec.get("kernel_paths"):
+        found = observe(cgroup_settings, table)
+        cgroups = found if isinstance(found, list) else []
+        doc["kernel_writes"] = observe(
+            kernel_writes, [*spec["kernel_paths"], *cgroups], [*spec.get("write_back", []), *cgroups]
+        )
+    else:
+        doc["kernel_writes"] = []
+    # A node bound next to a minimal /dev (at /kvm, say) is a mount point: every one is tried too.
     points = [str(m["mount_point"]) for m in table if isinstance(m, dict)] if isinstance(table, list) else []
     doc["devices"] = observe(device_trials, spec.get("devices_allowed", {}), points)
     sockets = [*spec.get("socket_roots", []), *roots]

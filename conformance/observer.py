@@ -670,7 +670,25 @@ def what_it_reaches(
     out["proc_sys"] = (
         {"fstype": sysfs.fstype, "mount_point": sysfs.mount_point, "ro": sysfs.read_only} if sysfs else None
     )
+    out["cgroup_roots"] = cgroup_roots(visible, creds)
     return out
+
+
+def cgroup_roots(visible: Sequence[mountinfo.Mount], creds: Creds | None) -> list[dict[str, Any]]:
+    """The host's cgroup hierarchies the task's mount table shows from their very root, read-write, to a
+    task that is root on the host: every cgroup of the host's is then the task's to write (a v1
+    release_agent, a program the kernel runs as root; v2's cgroup.max.depth and every service's limits).
+    The root field of a cgroup mount is shown relative to the READER's cgroup namespace
+    (kernel/cgroup/cgroup.c cgroup_show_path): read from the host, "/" is the hierarchy's real root,
+    whatever cgroup namespace the task is in. The files there are root's (0644): a task that is not
+    root on the host is refused by their modes, and unknown credentials are never excused."""
+    if creds is not None and not (creds.fsuid == 0 and creds.maps(0)):
+        return []
+    return [
+        {"mount_point": m.mount_point, "fstype": m.fstype}
+        for m in visible
+        if m.fstype in ("cgroup", "cgroup2") and m.root == "/" and not m.read_only
+    ][:64]
 
 
 def host_task(pid: int, proc: Path = Path("/proc")) -> int | None:
