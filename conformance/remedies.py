@@ -513,8 +513,9 @@ TABLE: dict[str, dict[str, tuple[str, str]]] = {
                    "the engine's default read-only /proc/sys"),
         "podman": ("--privileged, or --security-opt unmask=",
                    "the engine's default read-only /proc/sys"),
-        "systemd-run": ("no ProtectKernelTunables=",
-                        "ProtectKernelTunables=yes"),
+        "systemd-run": ("no ProtectKernelTunables=, or no ProtectControlGroups= (ProtectKernelTunables= "
+                        "leaves /sys/fs/cgroup read-write)",
+                        "ProtectKernelTunables=yes ProtectControlGroups=yes"),
         "srt": ("srt mounts /proc after every bind: as root the task opens /proc/sys for writing",
                 "no setting of srt's keeps it (measured): run it as an unprivileged user, or disclaim the "
                 "promise in the profile"),

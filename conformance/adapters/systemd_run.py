@@ -25,6 +25,10 @@ PROPERTIES = (
     # /proc/sys, /sys, /proc/sysrq-trigger read-only: ProtectSystem= leaves the API file systems alone,
     # and a uid-0 task with no capabilities still opens the host's sysctls (mode 0644) for writing.
     "ProtectKernelTunables=yes",
+    # ...but /sys/fs/cgroup, which it leaves read-write for ProtectControlGroups= to decide (systemd's
+    # namespace.c, protect_kernel_tunables_sys_table): the host's whole cgroup tree, from its root, to a
+    # uid-0 task (cgroup.max.depth there needs only the file's mode).
+    "ProtectControlGroups=yes",
     # The host's daemon sockets live in /run and /tmp (and the harness plants one beside the layout):
     # a private /tmp, an empty read-only /run; the task's trees are bound back below.
     "PrivateTmp=yes",
