@@ -60,11 +60,18 @@ def check_target(flag: str, value: str, *, stdout_ok: bool = False) -> None:
         raise UsageError(f"{flag} {value}: no such directory {os.path.dirname(value) or '.'}")
     if st is not None and not os.access(target, os.W_OK):
         raise UsageError(f"{flag} {value}: not writable")
+    check_creatable(flag, value, target)
+
+
+def check_creatable(flag: str, value: str, path: str) -> None:
+    """The temporary file a write of `path` begins with (temp_beside) can be made: tried and removed, as
+    root passes access(2) where every create fails (/proc, a read-only mount). The one line names the
+    option as the user gave it, `{flag} {value}`."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=parent)
+        tmp = temp_beside(path)
     except OSError as e:
-        raise UsageError(f"{flag} {value}: cannot create a file in {parent}: {e.strerror}") from None
-    os.close(fd)
+        where = os.path.dirname(os.path.realpath(path)) or "."
+        raise UsageError(f"{flag} {value}: cannot create a file in {where}: {e.strerror}") from None
     os.unlink(tmp)
 
 
