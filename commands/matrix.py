@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
-from sandbox_conformance.processes import outputs
+from sandbox_conformance.processes import inputs, outputs
 from sandbox_conformance.processes.children import run
 from sandbox_conformance.processes.exits import (
     EXIT_FAIL,
@@ -518,11 +518,9 @@ def _check_reports_dir(value: str, cols: Sequence[Column], others: Sequence[tupl
     """--reports DIR: a directory (made if need be) where each column's JSON and JUnit can be written,
     none of which is another option's file."""
     try:
-        st: os.stat_result | None = os.stat(value)
-    except FileNotFoundError:
-        st = None
-    except OSError as e:
-        raise UsageError(f"--reports {value[:200]}: {e.strerror}") from None
+        st = inputs.stat_or_none(value)
+    except inputs.UnusableInput as e:
+        raise UsageError(f"--reports {inputs.shown(value)}: {e}") from None
     if st is not None and not stat.S_ISDIR(st.st_mode):
         raise UsageError(f"--reports {value}: not a directory")
     # Where the first file will be made: DIR, or the nearest directory above it that exists (DIR is

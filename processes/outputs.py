@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from sandbox_conformance.processes.exits import UsageError
+from sandbox_conformance.processes.inputs import UnusableInput, shown, stat_or_none
 
 # (flag, value): an option as the user gave it; value None means the option was not given.
 Named = tuple[str, "str | None"]
@@ -45,11 +46,9 @@ def check_target(flag: str, value: str, *, stdout_ok: bool = False) -> None:
         raise UsageError(f"{flag} -: expected a file name ('-' is not stdout for {flag})")
     target = os.path.realpath(value)
     try:
-        st: os.stat_result | None = os.stat(target)
-    except FileNotFoundError:
-        st = None
-    except OSError as e:  # ELOOP, ENOTDIR, EACCES on the way
-        raise UsageError(f"{flag} {value}: {e.strerror}") from None
+        st = stat_or_none(target)
+    except UnusableInput as e:  # ELOOP, ENOTDIR, EACCES on the way
+        raise UsageError(f"{flag} {shown(value)}: {e}") from None
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise UsageError(f"{flag} {value}: is a directory")
     if st is not None and not stat.S_ISREG(st.st_mode):
