@@ -500,18 +500,13 @@ def _validate(args: argparse.Namespace) -> tuple[list[str], list[str | None]]:
 
 
 def _check_profile(path: str) -> None:
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise UsageError(f"--profile {path[:200]}: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise UsageError(f"--profile {path}: not a regular file (a FIFO, a device or a socket is never read)")
-    from sandbox_conformance.conformance import profile as profile_mod
+    """--profile FILE as `run` checks it: read, and a profile every witness run would take."""
+    from sandbox_conformance.conformance import settings
 
     try:
-        profile_mod.load(path)
-    except Exception as e:
-        raise UsageError(f"--profile: {e}") from None
+        settings.check_named_files(path, None)
+    except settings.InvalidSettings as e:
+        raise UsageError(str(e)) from None
 
 
 def _check_reports_dir(value: str, cols: Sequence[Column], others: Sequence[tuple[str, str | None]]) -> None:
