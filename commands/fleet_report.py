@@ -213,12 +213,11 @@ def _is_host_dir(d: Path) -> bool:
 
 def load(reports: Path) -> Fleet:
     try:
-        # os.stat, not Path.exists()/is_dir(): those let ENAMETOOLONG and EACCES through as a traceback.
-        st = os.stat(reports)
-    except FileNotFoundError:
-        raise UsageError(f"{reports}: no such directory") from None
-    except OSError as e:
-        raise UsageError(f"{str(reports)[:200]}: {e.strerror}") from None
+        st = inputs.stat_or_none(reports)
+    except inputs.UnusableInput as e:
+        raise UsageError(f"{inputs.shown(reports)}: {e}") from None
+    if st is None:
+        raise UsageError(f"{reports}: no such directory")
     if not stat.S_ISDIR(st.st_mode):
         raise UsageError(f"{reports}: not a directory")
     dirs = sorted(d for d in reports.iterdir() if d.is_dir() and _is_host_dir(d))

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
-from sandbox_conformance.processes import outputs
+from sandbox_conformance.processes import inputs, outputs
 from sandbox_conformance.processes.children import run
 from sandbox_conformance.processes.exits import (
     EXIT_FAIL,
@@ -120,6 +120,13 @@ class Column:
     @property
     def label(self) -> str:
         return self.sandbox if self.user is None else f"{self.sandbox} ({self.user})"
+
+    def reports(self, where: Path) -> tuple[Path, Path]:
+        """Its witness run's JSON and JUnit files in `where` (--reports, or a temporary directory):
+        SANDBOX.json, SANDBOX-as-USER.json; named here alone, so --reports is checked for the names the
+        runs write."""
+        stem = self.id.replace("@", "-as-")
+        return where / f"{stem}.json", where / f"{stem}.xml"
 
 
 def sandbox_names() -> list[str]:
@@ -229,8 +236,7 @@ def witness_argv(col: Column, json_out: Path, junit_out: Path, *, require: bool)
 def run_column(col: Column, reports: Path, *, timeout: float, require: bool) -> Outcome:
     if col.unavailable:
         return Outcome(None, None, col.unavailable)
-    stem = col.id.replace("@", "-as-")
-    json_out, junit_out = reports / f"{stem}.json", reports / f"{stem}.xml"
+    json_out, junit_out = col.reports(reports)
     env = {k: v for k, v in os.environ.items() if k != REQUIRE_ENV}
     if col.path_first:
         env["PATH"] = os.pathsep.join([col.path_first, env.get("PATH", "/usr/bin:/bin")])
@@ -300,10 +306,18 @@ def exit_code(outcomes: Sequence[Outcome]) -> int:
     return EXIT_FAIL if any(o.exit not in (EXIT_OK, EXIT_UNAVAILABLE, None) for o in ran) else EXIT_OK
 
 
+def kept_reports(col: Column, outcome: Outcome, reports: Path | None) -> dict[str, str | None]:
+    """A column's "report" and "junit": its witness run's files, where --reports keeps them and the run
+    made them."""
+    if reports is None or outcome.report is None:
+        return {"report": None, "junit": None}
+    json_out, junit_out = col.reports(reports)
+    return {"report": str(json_out), "junit": str(junit_out)}
+
+
 def document(cols: Sequence[Column], outcomes: Sequence[Outcome], reports: Path | None) -> dict[str, Any]:
     rows = rows_of(outcomes)
     reasons = [not_claimed_reasons(c.profile) for c in cols]
-    stem = {c.id: c.id.replace("@", "-as-") for c in cols}
     return {
         "version": 1,
         "host": host_facts(),
@@ -315,8 +329,7 @@ def document(cols: Sequence[Column], outcomes: Sequence[Outcome], reports: Path 
                 or (Path(c.profile).stem if c.profile else REFERENCE),
                 "exit": o.exit, "reason": o.reason, "seconds": round(o.seconds, 1),
                 "summary": (o.report or {}).get("summary"),
-                "report": str(reports / f"{stem[c.id]}.json") if reports and o.report is not None else None,
-                "junit": str(reports / f"{stem[c.id]}.xml") if reports and o.report is not None else None,
+                **kept_reports(c, o, reports),
             }
             for c, o in zip(cols, outcomes, strict=True)
         ],
@@ -476,40 +489,33 @@ def _validate(args: argparse.Namespace) -> tuple[list[str], list[str | None]]:
         _check_profile(args.profile)
     for u in args.as_user:
         check_as_user(u, group_by_name=False)
+    users: list[str | None] = [None, *dict.fromkeys(args.as_user)]
     outputs.check_reports([("--json", args.json, True), ("--markdown", args.markdown, False),
                            ("--junitxml", args.junitxml, False)], [("--profile", args.profile)])
     if args.reports:
-        _check_reports_dir(args.reports, chosen, [None, *args.as_user],
+        _check_reports_dir(args.reports, [Column(s, u) for s in chosen for u in users],
                            [("--json", args.json), ("--markdown", args.markdown),
                             ("--junitxml", args.junitxml), ("--profile", args.profile)])
-    return chosen, [None, *dict.fromkeys(args.as_user)]
+    return chosen, users
 
 
 def _check_profile(path: str) -> None:
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise UsageError(f"--profile {path[:200]}: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise UsageError(f"--profile {path}: not a regular file (a FIFO, a device or a socket is never read)")
-    from sandbox_conformance.conformance import profile as profile_mod
+    """--profile FILE as `run` checks it: read, and a profile every witness run would take."""
+    from sandbox_conformance.conformance import settings
 
     try:
-        profile_mod.load(path)
-    except Exception as e:
-        raise UsageError(f"--profile: {e}") from None
+        settings.check_named_files(path, None)
+    except settings.InvalidSettings as e:
+        raise UsageError(str(e)) from None
 
 
-def _check_reports_dir(value: str, sandboxes: Sequence[str], users: Sequence[str | None],
-                       others: Sequence[tuple[str, str | None]]) -> None:
+def _check_reports_dir(value: str, cols: Sequence[Column], others: Sequence[tuple[str, str | None]]) -> None:
     """--reports DIR: a directory (made if need be) where each column's JSON and JUnit can be written,
     none of which is another option's file."""
     try:
-        st: os.stat_result | None = os.stat(value)
-    except FileNotFoundError:
-        st = None
-    except OSError as e:
-        raise UsageError(f"--reports {value[:200]}: {e.strerror}") from None
+        st = inputs.stat_or_none(value)
+    except inputs.UnusableInput as e:
+        raise UsageError(f"--reports {inputs.shown(value)}: {e}") from None
     if st is not None and not stat.S_ISDIR(st.st_mode):
         raise UsageError(f"--reports {value}: not a directory")
     # Where the first file will be made: DIR, or the nearest directory above it that exists (DIR is
@@ -519,14 +525,8 @@ def _check_reports_dir(value: str, sandboxes: Sequence[str], users: Sequence[str
         if os.path.lexists(where):
             raise UsageError(f"--reports {value}: {where} is not a directory")
         where = os.path.dirname(where)
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".sbxc-matrix.", dir=where)
-    except OSError as e:
-        raise UsageError(f"--reports {value}: cannot create a file in {where}: {e.strerror}") from None
-    os.close(fd)
-    os.unlink(probe)
-    stems = [(s if u is None else f"{s}-as-{u}") for s in sandboxes for u in dict.fromkeys(users)]
-    files = [os.path.join(value, f"{stem}{ext}") for stem in stems for ext in (".json", ".xml")]
+    outputs.check_creatable("--reports", value, os.path.join(where, "sbxc-matrix"))
+    files = [str(f) for c in cols for f in c.reports(Path(value))]
     for flag, other in others:
         for f in files:
             if other and other != "-" and outputs.same_file(f, other):

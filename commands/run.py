@@ -23,7 +23,7 @@ from typing import Any
 
 from sandbox_conformance.conformance import output
 from sandbox_conformance.conformance.render import Format
-from sandbox_conformance.processes import cancel, inputs, outputs
+from sandbox_conformance.processes import cancel, outputs
 from sandbox_conformance.processes.exits import EXIT_USAGE, UsageError, check_as_user, check_seconds
 from sandbox_conformance.runners import native, orchestrate, run_verdict, witness_args
 from sandbox_conformance.runners.decide import Mode, Request
@@ -65,19 +65,14 @@ def _request(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Requ
 
 
 def _validate(args: argparse.Namespace, request: Request) -> None:
-    for flag, path in (("--profile", args.profile), ("--expected-skips", args.expected_skips)):
-        if path is not None:
-            try:
-                inputs.read_bytes(path)  # a regular file within bounds (processes/inputs.py)
-            except inputs.UnusableInput as e:
-                raise UsageError(f"{flag} {path}: {e}") from None
     if args.profile is not None or args.expected_skips is not None:
-        # What they say, in the witness command's words, before anything is probed: a mistake in the
-        # profile is one line and exit 2 whatever the mode (the embedded profile is ours, and tested).
+        # Read, and what they say in the witness command's words, before anything is probed: a mistake
+        # in the profile is one line and exit 2 whatever the mode (the embedded profile is ours, and
+        # tested).
         from sandbox_conformance.conformance import settings
 
         try:
-            settings.check_files(args.profile, args.expected_skips)
+            settings.check_named_files(args.profile, args.expected_skips)
         except settings.InvalidSettings as e:
             raise UsageError(str(e)) from None
     if args.as_user is not None and request.mode is Mode.container:

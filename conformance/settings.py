@@ -217,6 +217,20 @@ def check_files(profile: str | None,
     return prof, expected
 
 
+def check_named_files(profile: str | None,
+                      expected_skips: str | None) -> tuple[profile_mod.Profile, dict[str, str] | None]:
+    """check_files for a command that checks them before it starts anything (`run`, `matrix`): a file
+    that cannot be read at all (none, a FIFO, /dev/zero, a loop: processes/inputs.py) is one line naming
+    its option, `--profile PATH: no such file`; what a readable one says is in the witness's words."""
+    for flag, path in (("--profile", profile), ("--expected-skips", expected_skips)):
+        if path is not None:
+            try:
+                inputs.read_bytes(path)
+            except inputs.UnusableInput as e:
+                raise InvalidSettings(f"{flag} {inputs.shown(path)}: {e}") from None
+    return check_files(profile, expected_skips)
+
+
 def build(
     *,
     profile: str | None,

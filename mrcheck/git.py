@@ -13,6 +13,7 @@ import os
 import stat
 from pathlib import Path
 
+from sandbox_conformance.processes import inputs
 from sandbox_conformance.processes.children import Completed, Runner, minimal_env, run
 
 GIT_TIMEOUT = 60.0
@@ -129,14 +130,10 @@ def git_message(done: Completed) -> str:
 
 def toplevel(cwd: Path, runner: Runner = run) -> Path:
     try:
-        # Not Path.is_dir(): it lets ENAMETOOLONG and EACCES through as a traceback (pathlib
-        # _ignore_error keeps only ENOENT, ENOTDIR, EBADF, ELOOP).
-        is_dir = stat.S_ISDIR(os.stat(cwd).st_mode)
-    except (FileNotFoundError, NotADirectoryError):
-        is_dir = False
-    except OSError as e:
-        raise GitRefused(f"not a git repository: {str(cwd)[:200]}: {e.strerror}") from None
-    if not is_dir:
+        st = inputs.stat_or_none(cwd)
+    except inputs.UnusableInput as e:
+        raise GitRefused(f"not a git repository: {inputs.shown(cwd)}: {e}") from None
+    if st is None or not stat.S_ISDIR(st.st_mode):
         raise GitRefused(f"not a git repository: {cwd} is not a directory")
     done = Git(cwd, runner)("rev-parse", "--show-toplevel")
     if not done.ok or not done.stdout.strip():

@@ -15,10 +15,32 @@ from pathlib import Path
 # Far above any profile, config or skip list (the reference profile is ~3 KiB), far below a size that
 # hurts to hold.
 MAX_INPUT = 4 << 20
+# The longest path the kernel takes, its NUL included (PATH_MAX, include/uapi/linux/limits.h).
+PATH_MAX = 4096
 
 
 class UnusableInput(ValueError):
     """Why the file cannot be an input, as the tail of one line (the caller names the option)."""
+
+
+def shown(path: str | Path) -> str:
+    """`path` as a one-line message names it: whole, unless it is longer than any path the kernel
+    takes, which names no file (ENAMETOOLONG) and can be thousands of characters: then its first 200."""
+    name = str(path)
+    return name if len(name) < PATH_MAX else name[:200]
+
+
+def stat_or_none(path: str | Path) -> os.stat_result | None:
+    """os.stat of a path a person named: None when nothing is there (ENOENT); any other errno
+    (ENAMETOOLONG, ELOOP, ENOTDIR, EACCES on the way) an UnusableInput in the kernel's words. Not
+    Path.exists() or is_dir(): they let ENAMETOOLONG and EACCES through as a traceback (pathlib's
+    _ignore_error keeps only ENOENT, ENOTDIR, EBADF, ELOOP)."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise UnusableInput(e.strerror or str(e)) from None
 
 
 def read_bytes(path: str | Path, *, limit: int = MAX_INPUT) -> bytes:

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from sandbox_conformance.processes.exits import UsageError
+from sandbox_conformance.processes.inputs import UnusableInput, shown, stat_or_none
 
 # (flag, value): an option as the user gave it; value None means the option was not given.
 Named = tuple[str, "str | None"]
@@ -45,11 +46,9 @@ def check_target(flag: str, value: str, *, stdout_ok: bool = False) -> None:
         raise UsageError(f"{flag} -: expected a file name ('-' is not stdout for {flag})")
     target = os.path.realpath(value)
     try:
-        st: os.stat_result | None = os.stat(target)
-    except FileNotFoundError:
-        st = None
-    except OSError as e:  # ELOOP, ENOTDIR, EACCES on the way
-        raise UsageError(f"{flag} {value}: {e.strerror}") from None
+        st = stat_or_none(target)
+    except UnusableInput as e:  # ELOOP, ENOTDIR, EACCES on the way
+        raise UsageError(f"{flag} {shown(value)}: {e}") from None
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise UsageError(f"{flag} {value}: is a directory")
     if st is not None and not stat.S_ISREG(st.st_mode):
@@ -60,11 +59,18 @@ def check_target(flag: str, value: str, *, stdout_ok: bool = False) -> None:
         raise UsageError(f"{flag} {value}: no such directory {os.path.dirname(value) or '.'}")
     if st is not None and not os.access(target, os.W_OK):
         raise UsageError(f"{flag} {value}: not writable")
+    check_creatable(flag, value, target)
+
+
+def check_creatable(flag: str, value: str, path: str) -> None:
+    """The temporary file a write of `path` begins with (temp_beside) can be made: tried and removed, as
+    root passes access(2) where every create fails (/proc, a read-only mount). The one line names the
+    option as the user gave it, `{flag} {value}`."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=parent)
+        tmp = temp_beside(path)
     except OSError as e:
-        raise UsageError(f"{flag} {value}: cannot create a file in {parent}: {e.strerror}") from None
-    os.close(fd)
+        where = os.path.dirname(os.path.realpath(path)) or "."
+        raise UsageError(f"{flag} {value}: cannot create a file in {where}: {e.strerror}") from None
     os.unlink(tmp)
 
 

@@ -330,6 +330,7 @@ MATRIX_BAD = [
     (["--reports", "{d}", "--json", "{d}/reference.json"], "--json"),
     (["--reports", "/proc/sbxc-none/reports"], "--reports"),  # made with its parents: where is tried
     (["--sandboxes", "reference,reference"], "--sandboxes"), (["--profile", "{fifo}"], "--profile"),
+    (["--reports", "{long}"], "--reports"), (["--profile", "{long}"], "--profile"),  # ENAMETOOLONG
 ]
 
 
@@ -345,6 +346,7 @@ def test_matrix_refuses_bad_outputs_and_numbers_before_any_column_runs(
     monkeypatch.setattr(matrix, "run_column", no_column)
     fifo = inputs / "fifo"  # the fixture's
     before = (inputs / "p.toml").read_bytes()
-    code, _, err = run_cli(monkeypatch, "matrix", *(a.format(d=inputs, fifo=fifo) for a in argv))
+    code, _, err = run_cli(monkeypatch, "matrix", *(a.format(d=inputs, fifo=fifo, long="a" * 5000)
+                                                    for a in argv))
     one_usage_line(code, err, flag)
     assert (inputs / "p.toml").read_bytes() == before and fifo.is_fifo()
