@@ -961,8 +961,8 @@ def kernel_writes(paths: "Sequence[str]", write_back: "Sequence[str]") -> "list[
     # open (fs/proc/proc_sysctl.c, proc_sys_permission), so an open that succeeds is the broken promise.
     # Where it does and the path is harmless, the value it already holds is written back, to prove it.
     # Some files check again at write: a sysctl (proc_sys_call_handler), a cgroup v1 release_agent
-    # (EPERM outside the initial user namespace since the CVE-2022-0492 fix, cgroup1_release_agent_write):
-    # a write-back the kernel refuses is recorded (write_errno) and the setting is out of reach.
+    # (EPERM without CAP_SYS_ADMIN in the initial user namespace since the CVE-2022-0492 fix,
+    # cgroup1_release_agent_write): a write-back refused (write_errno) is recorded for the witness.
     out: list[dict[str, object]] = []
     for path in paths:
         try:

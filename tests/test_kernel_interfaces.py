@@ -89,6 +89,9 @@ UNIFIED = [{"mount_point": "/sys/fs/cgroup/unified", "fstype": "cgroup2"}]
         # A trial that found no such file there tried nothing either.
         ([*REFUSED, {"path": "/sys/fs/cgroup/unified/cgroup.max.depth", "opened": False, "errno": "ENOENT"}],
          UNIFIED, "tried none of their files"),
+        # The write failed for another reason than permission: nothing says another value would.
+        ([*REFUSED, {"path": "/sys/fs/cgroup/memory/release_agent", "opened": True, "errno": None,
+                     "write_errno": "EINVAL"}], [], "release_agent (write-back: EINVAL)"),
         # The write landed.
         ([*REFUSED, {"path": "/sys/fs/cgroup/unified/cgroup.max.depth", "opened": True, "errno": None,
                      "wrote_back": True}], UNIFIED, "cgroup.max.depth (written back)"),
