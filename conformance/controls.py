@@ -412,8 +412,9 @@ CONTROLS: tuple[Control, ...] = (
         launcher_args=("--append=--bind", "--append=/sys/fs/cgroup", "--append=/sys/fs/cgroup"),
         # Only the neighbour's memory.max goes through: its cgroup.procs still refuses a move out of
         # the task's cgroup namespace under nsdelegate (ENOENT, kernel/cgroup/cgroup.c
-        # cgroup_procs_write_permission); one accepted write is a broken promise.
-        reddens=(CGROUP_NEIGHBOUR,),
+        # cgroup_procs_write_permission); one accepted write is a broken promise. The tree's root comes
+        # with it, read-write to a root task: the host's kernel settings (cgroupfs_bound's one thing).
+        reddens=(CGROUP_NEIGHBOUR, KERNEL_INTERFACES),
         needs=Needs.cgroup_root_as_root,
     ),
     Control(
