@@ -316,7 +316,7 @@ def _report(done: Completed) -> dict[str, Any] | None:
 def _launch(host: Host, argv: list[str]) -> Completed:
     full = [*host.trial_prefix, *argv]
     try:
-        return host.runner(full, timeout=host.timeout, env=minimal_env({"LC_ALL": "C"}), cwd="/")
+        return host.trial(full, timeout=host.timeout, env=minimal_env({"LC_ALL": "C"}), cwd="/")
     except BlockingIOError:
         # fork() itself failed with EAGAIN (RLIMIT_NPROC or pids.max): that is a finding, not a crash.
         return Completed(tuple(full), None, "", "fork: Resource temporarily unavailable (EAGAIN)", 0.0,

@@ -105,7 +105,7 @@ def nested_trial(host: Host) -> tuple[str | None, bool, str]:
     python = CHILD_PYTHON if os.path.exists(CHILD_PYTHON) else None
     if python is None:
         return None, False, f"no {CHILD_PYTHON}"
-    done = host.runner([python, "-I", "-S", "-c", TRIAL], timeout=min(TRIAL_TIMEOUT, host.timeout))
+    done = host.trial([python, "-I", "-S", "-c", TRIAL], timeout=min(TRIAL_TIMEOUT, host.timeout))
     if done.timed_out:
         return None, False, f"timed out after {done.seconds:.1f}s"
     try:

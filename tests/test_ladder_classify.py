@@ -809,3 +809,22 @@ def test_a_read_only_proc_sys_does_not_lead_where_the_user_namespace_was_refused
     # With every earlier rung working, the read-only /proc/sys is still the cause (the nspawn shape).
     c = classify(signals, Rung.disable_userns, failed)
     assert c.cause is Cause.readonly_proc_sys, c
+
+
+def test_a_trial_that_misses_its_budget_gets_one_longer_try_before_it_is_unknown(tmp_path: Path) -> None:
+    # A slow host (a TCG guest while the host is busy) answers the userns rung in 12 s: unknown at 10 s.
+    calls: list[float] = []
+    answers = [done("", "", None, timed_out=True)._replace(seconds=10.0), done("ok")._replace(seconds=12.0)]
+
+    def runner(argv: Sequence[str], *, timeout: float, **kw: Any) -> Completed:
+        calls.append(timeout)
+        return answers[len(calls) - 1]
+
+    host = Host(root=tmp_path, runner=runner, timeout=10.0)
+    got = host.trial(["true"], timeout=10.0)
+    assert calls == [10.0, 30.0] and got.ok and got.seconds == 22.0
+    # A trial that hangs twice is unknown after both tries, and not tried a third time.
+    calls.clear()
+    answers[1] = done("", "", None, timed_out=True)._replace(seconds=30.0)
+    got = host.trial(["true"], timeout=10.0)
+    assert calls == [10.0, 30.0] and got.timed_out and got.seconds == 40.0
