@@ -136,6 +136,8 @@ class Needs(enum.StrEnum):
     one_userns = enum.auto()
     # Tasks launched as root, and a cgroup hierarchy mounted at /sys/fs/cgroup on the host to bind in.
     host_cgroupfs_as_root = enum.auto()
+    # Tasks launched as root (register is 0200, root's), and a kernel that has binfmt_misc.
+    binfmt_misc_as_root = enum.auto()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -634,6 +636,15 @@ REACH: tuple[Control, ...] = (
         needs=Needs.host_cgroupfs_as_root,
     ),
     Control(
+        "binfmt_bound",
+        "the host's binfmt_misc instance is bound in read-write (as a container given "
+        "/proc/sys/fs/binfmt_misc to register qemu handlers has it): its register names an interpreter the "
+        "kernel runs for every matching exec on the host",
+        launcher_args=("--binfmt-bound",),
+        reddens=(KERNEL_INTERFACES,),
+        needs=Needs.binfmt_misc_as_root,
+    ),
+    Control(
         "no_new_session",
         "no --new-session: the task keeps the launcher's controlling terminal and pushes input into it "
         "with TIOCSTI (bwrap CVE-2017-5226)",
@@ -818,6 +829,14 @@ def not_applicable(
             )
         if not _host_cgroupfs():
             return "the host has no cgroup hierarchy mounted at /sys/fs/cgroup: nothing to bind in"
+    if control.needs is Needs.binfmt_misc_as_root:
+        if not as_root:
+            return (
+                "tasks run as an unprivileged user: binfmt_misc's register belongs to root (0200), so file "
+                "modes refuse the task whatever the sandbox shows (run the controls as root)"
+            )
+        if not _kernel_has("binfmt_misc"):
+            return "this kernel has no binfmt_misc (not in /proc/filesystems): no instance to bind in"
     if control.needs is Needs.legacy_tiocsti and _legacy_tiocsti() == "0":
         return "dev.tty.legacy_tiocsti = 0: this kernel refuses TIOCSTI to every task, sandboxed or not"
     if control.needs is Needs.x86_64 and platform.machine() != "x86_64":
@@ -843,6 +862,14 @@ def _host_cgroupfs() -> bool:
         and PurePosixPath(m.mount_point).is_relative_to(top)
         for m in mounts
     )
+
+
+def _kernel_has(fstype: str) -> bool:
+    try:
+        with open("/proc/filesystems") as f:
+            return any(line.split()[-1:] == [fstype] for line in f)
+    except OSError:
+        return False
 
 
 def _legacy_tiocsti() -> str:

@@ -1007,6 +1007,18 @@ def cgroup_settings(table: object) -> "list[str]":
     return sorted(set(out))[:64]
 
 
+def binfmt_settings(table: object) -> "list[str]":
+    # Every binfmt_misc mount in the task's own table: its register names an interpreter the kernel runs
+    # for each matching exec, opened (flag F) in the registering task's mount namespace. Opened for
+    # writing, never written: whatever parses registers a handler. Whose instance it is (a user
+    # namespace may mount its own since Linux 6.7), only the host can tell (observer.binfmt_mounts).
+    if not isinstance(table, list):
+        return []
+    points = {str(m.get("mount_point", "")).rstrip("/") for m in table
+              if isinstance(m, dict) and m.get("fstype") == "binfmt_misc"}
+    return sorted(p + "/register" for p in points)[:16]
+
+
 def _rdev(st: os.stat_result) -> str:
     return f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
 
@@ -1156,8 +1168,10 @@ def reach(spec: "Mapping[str, Any]", fds: "Sequence[int]", doc: "dict[str, objec
     if spec.get("kernel_paths"):
         found = observe(cgroup_settings, table)
         cgroups = found if isinstance(found, list) else []
+        found = observe(binfmt_settings, table)
+        binfmt = found if isinstance(found, list) else []
         doc["kernel_writes"] = observe(
-            kernel_writes, [*spec["kernel_paths"], *cgroups], [*spec.get("write_back", []), *cgroups]
+            kernel_writes, [*spec["kernel_paths"], *cgroups, *binfmt], [*spec.get("write_back", []), *cgroups]
         )
     else:
         doc["kernel_writes"] = []

@@ -34,7 +34,7 @@ from sandbox_conformance.kernel import mountinfo, procfs
 from sandbox_conformance.kernel.cgroupfs import own_cgroup
 from sandbox_conformance.kernel.errnos import errname
 from sandbox_conformance.probes.finding import EMPTY
-from sandbox_conformance.processes import cancel, kills
+from sandbox_conformance.processes import cancel, children, kills
 
 NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "user", "uts")
 STATUS_KEYS = (
@@ -54,6 +54,8 @@ READY_KEY = "sbxc_ready"
 # How long a found task's process group may take to go after the launcher exits: a pid namespace is
 # emptied asynchronously once its init dies (zap_pid_ns_processes, kernel/pid_namespace.c).
 SURVIVOR_GRACE = 1.0
+# The host's one trial of its own (binfmt_instance): an unshare(1), a mount(8) and a cat(1).
+BINFMT_TRIAL_SECONDS = 10.0
 
 
 def tag(launch_nonce: str) -> str:
@@ -671,6 +673,7 @@ def what_it_reaches(
         {"fstype": sysfs.fstype, "mount_point": sysfs.mount_point, "ro": sysfs.read_only} if sysfs else None
     )
     out["cgroup_roots"] = cgroup_roots(visible, creds)
+    out["binfmt_mounts"] = binfmt_mounts(visible, creds, functools.partial(binfmt_instance, host_mounts))
     return out
 
 
@@ -689,6 +692,56 @@ def cgroup_roots(visible: Sequence[mountinfo.Mount], creds: Creds | None) -> lis
         for m in visible
         if m.fstype in ("cgroup", "cgroup2") and m.root == "/" and not m.read_only
     ][:64]
+
+
+HOSTS, OWN = "the host's", "a user namespace's own"
+
+
+def binfmt_mounts(
+    visible: Sequence[mountinfo.Mount], creds: Creds | None, host_instance: Callable[[], str]
+) -> list[dict[str, Any]]:
+    """The binfmt_misc mounts the task sees read-write, for a task that is root on the host, each with
+    whose instance it is. Its `register` (0200, root's) names an interpreter the kernel runs for every
+    matching exec (Documentation/admin-guide/binfmt-misc.rst); with flag F the interpreter is opened at
+    registration, in the registering task's mount namespace: a file of the sandbox's, run for the
+    host's execs. Since Linux 6.7 a user namespace may mount an instance of its own, used only by the
+    execs below it: harmless, and indistinguishable from inside. Two mounts of one instance share its
+    superblock, so the host tells them apart by device (`instance`: HOSTS, OWN or "unknown: why")."""
+    if creds is not None and not (creds.fsuid == 0 and creds.maps(0)):
+        return []
+    shown = [m for m in visible if m.fstype == "binfmt_misc" and not m.read_only][:16]
+    if not shown:
+        return []
+    try:
+        host = host_instance()
+    except LookupError as e:
+        return [{"mount_point": m.mount_point, "dev": m.dev, "instance": f"unknown: {e}"} for m in shown]
+    return [{"mount_point": m.mount_point, "dev": m.dev, "instance": HOSTS if m.dev == host else OWN}
+            for m in shown]
+
+
+def binfmt_instance(host_mounts: Sequence[mountinfo.Mount]) -> str:
+    """The device ("major:minor") of the initial user namespace's binfmt_misc instance: the host's own
+    mount of it where it has one; else one made for the purpose in a throwaway private mount namespace
+    (needs root; nothing reaches the host's table, and the namespace goes with the process). Mounted on
+    /proc/sys/fs, not on the usual /proc/sys/fs/binfmt_misc, which is systemd's automount point. The
+    superblock stays while any mount of it does (get_tree_keyed, fs/binfmt_misc.c), so while the task
+    holds one of the host's instance this mount shows the same device. LookupError: no answer."""
+    for m in host_mounts:
+        if m.fstype == "binfmt_misc":
+            return m.dev
+    done = children.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         "mount -t binfmt_misc sbxc /proc/sys/fs && exec cat /proc/self/mountinfo"],
+        timeout=BINFMT_TRIAL_SECONDS,
+    )
+    if done.returncode != 0:
+        why = "timed out" if done.timed_out else (done.stderr.strip()[:200] or f"exit {done.returncode}")
+        raise LookupError(f"the host's own instance could not be mounted for comparison: {why}")
+    for m in mountinfo.parse(done.stdout):
+        if m.fstype == "binfmt_misc" and m.mount_point == "/proc/sys/fs":
+            return m.dev
+    raise LookupError("the host's trial mount of its own instance did not show in its mount table")
 
 
 def host_task(pid: int, proc: Path = Path("/proc")) -> int | None:

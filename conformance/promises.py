@@ -76,8 +76,8 @@ CATALOGUE: tuple[Promise, ...] = (
     Promise("secrets", "the launcher's planted secret is readable nowhere inside", NOT_CLAIMED,
             default=True),
     Promise("kernel_interfaces", "the host's kernel settings (/proc/sys, sysrq-trigger, uevent_helper, the "
-            "roots of its cgroup hierarchies) cannot be opened for writing, or refuse the write", NOT_CLAIMED,
-            default=True),
+            "roots of its cgroup hierarchies, its binfmt_misc register) cannot be opened for writing, or "
+            "refuse the write", NOT_CLAIMED, default=True),
     Promise("devices", "only allowlisted device nodes open", NOT_CLAIMED, default=True),
     Promise("host_sockets", "no host unix socket can be connected to", NOT_CLAIMED, default=True),
     Promise("lifecycle", "the task dies with its launcher (SIGKILLed at the handshake)", NOT_CLAIMED,

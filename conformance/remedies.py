@@ -496,10 +496,11 @@ TABLE: dict[str, dict[str, tuple[str, str]]] = {
                   'start codex with an allowlisted environment, and "none" for the launcher\'s directory'),
     },
     "kernel_interfaces": {
-        GENERIC: ("/proc/sys (or /proc/sysrq-trigger, /sys, the host's /sys/fs/cgroup) is writable to a task "
-                  "that is root on the host",
+        GENERIC: ("/proc/sys (or /proc/sysrq-trigger, /sys, the host's /sys/fs/cgroup, its binfmt_misc) is "
+                  "writable to a task that is root on the host",
                   "bind /proc/sys and /proc/sysrq-trigger read-only over the task's /proc, and /sys "
-                  "read-only; a cgroupfs only of the task's own cgroup namespace, or none"),
+                  "read-only; a cgroupfs only of the task's own cgroup namespace, or none; no binfmt_misc "
+                  "but a user namespace's own"),
         "bwrap": ("bwrap's --proc leaves /proc/sys writable to a root task (under --unshare-user it skips "
                   "its read-only cover); a --bind of /sys or /sys/fs/cgroup gives it the host's cgroups",
                   "--ro-bind /proc/sys /proc/sys (and /proc/sysrq-trigger) after --proc /proc; /sys only "

@@ -93,12 +93,14 @@ def test_every_control_reddens_exactly_its_witnesses_and_every_witness_is_covere
             needs = controls.by_name()[c["name"]].needs
             cgroup = (controls.Needs.cgroup_root, controls.Needs.cgroup_root_as_root)
             elsewhere = (controls.Needs.disable_userns, controls.Needs.x86_64, controls.Needs.legacy_tiocsti)
-            cgroupfs = controls.Needs.host_cgroupfs_as_root
+            cgroupfs, binfmt = controls.Needs.host_cgroupfs_as_root, controls.Needs.binfmt_misc_as_root
             no_cgroupfs = needs is cgroupfs and "no cgroup hierarchy" in c["reason"]
+            no_binfmt = needs is binfmt and "has no binfmt_misc" in c["reason"]
             unprivileged = c["reason"].startswith("tasks run as an unprivileged")
-            root_only = (controls.Needs.as_root, controls.Needs.one_userns, cgroupfs)
+            root_only = (controls.Needs.as_root, controls.Needs.one_userns, cgroupfs, binfmt)
             as_user = needs in root_only and unprivileged
-            assert (needs in elsewhere or needs in cgroup or as_user or no_cgroupfs) and c["reason"], c
+            missing = no_cgroupfs or no_binfmt
+            assert (needs in elsewhere or needs in cgroup or as_user or missing) and c["reason"], c
             if needs in cgroup:
                 assert not doc["cgroup_root"]["usable"] and doc["cgroup_root"]["reason"] in c["reason"], c
         else:

@@ -385,6 +385,17 @@ def test_the_cgroup_tree_control_needs_a_root_and_root_tasks() -> None:
     assert controls.not_applicable(c, cgroup_root=True, as_root=True, **kw) is None
 
 
+def test_the_binfmt_control_needs_root_tasks_and_binfmt_misc(monkeypatch: pytest.MonkeyPatch) -> None:
+    c = controls.by_name()["binfmt_bound"]
+    assert [controls.key(t) for t in c.reddens] == [controls.key(controls.KERNEL_INTERFACES)]
+    kw = {"disable_userns": True, "disable_userns_reason": ""}
+    assert "0200" in (controls.not_applicable(c, as_root=False, **kw) or "")
+    monkeypatch.setattr(controls, "_kernel_has", lambda fstype: fstype != "binfmt_misc")
+    assert "/proc/filesystems" in (controls.not_applicable(c, as_root=True, **kw) or "")
+    monkeypatch.setattr(controls, "_kernel_has", lambda fstype: True)
+    assert controls.not_applicable(c, as_root=True, **kw) is None
+
+
 def test_the_unsandboxed_baseline_does_not_require_the_harness_enforced_cgroup_witnesses_red() -> None:
     leaf = "test_the_task_runs_in_its_own_cgroup_leaf"
     assert leaf in controls.HARNESS_ENFORCED

@@ -35,6 +35,9 @@ What the task holds and reaches (issue 26), each the mistake of a real sandbox:
 --bind-daemon-socket  the harness's planted daemon socket bound in at /run/agentd.sock.
 --seccomp-x86-64-only  a filter that refuses user namespaces by x86_64 syscall numbers and never checks
                    the architecture, so the i386 entry point (int 0x80) creates one.
+--binfmt-bound     the host's binfmt_misc instance (the initial user namespace's, mounted in a private
+                   mount namespace of the launcher's) bound in read-write at /proc/sys/fs/binfmt_misc,
+                   as `-v /proc/sys/fs/binfmt_misc:...` gives a container that registers qemu handlers.
 
 Built to fool an observer (issue 27); both rewrite the witness program they get on stdin:
 --decoy            a decoy in the honest reference sandbox carries the task's tag and waits to be
@@ -120,6 +123,7 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--leak-netns", action="store_true")
     p.add_argument("--bind-daemon-socket", action="store_true")
     p.add_argument("--seccomp-x86-64-only", action="store_true")
+    p.add_argument("--binfmt-bound", action="store_true")
     p.add_argument("--task", metavar="TASK_ID")
     p.add_argument("--user", metavar="NAME", help="the layout's user ([layout] user; default alice)")
     p.add_argument("--defeat", choices=("spec", "argv", "stdin", "names"))
@@ -403,6 +407,28 @@ def _seccomp_x86_64_only_fd() -> int:
     os.close(w)
     os.set_inheritable(r, True)
     return r
+
+
+# linux/mount.h
+MS_REC, MS_PRIVATE = 0x4000, 1 << 18
+
+
+def _binfmt_bound(spec: Mapping[str, object]) -> tuple[str, ...]:
+    """The host's binfmt_misc instance, bound in read-write. Mounted by this launcher, as root in the
+    initial user namespace (so the instance is that namespace's: the host's, fs/binfmt_misc.c keys it
+    by the mounter's user namespace), in a mount namespace of its own made private first: the host's
+    table never shows it, and it goes when bwrap and the task do."""
+    if _libc.unshare(CLONE_NEWNS) != 0:
+        raise SandboxNotSetUp(f"unshare(CLONE_NEWNS): {os.strerror(ctypes.get_errno())}")
+    if _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        raise SandboxNotSetUp(f"making / private: {os.strerror(ctypes.get_errno())}")
+    # Beside the layout, not in the task's per-user temp: a bind of that would carry this mount in too.
+    import tempfile
+
+    point = tempfile.mkdtemp(prefix=".sbxc-control-binfmt-", dir=str(_layout_root(spec)))
+    if _libc.mount(b"binfmt_misc", point.encode(), b"binfmt_misc", 0, None) != 0:
+        raise SandboxNotSetUp(f"mount -t binfmt_misc: {os.strerror(ctypes.get_errno())}")
+    return ("--bind", point, "/proc/sys/fs/binfmt_misc")
 
 
 def _layout_root(spec: Mapping[str, object]) -> Path:
@@ -811,6 +837,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             body += ["--ro-bind", str(_layout_root(spec) / "run" / "agentd.sock"), "/run/agentd.sock"]
         if args.seccomp_x86_64_only:
             body += ["--seccomp", str(_seccomp_x86_64_only_fd())]
+        if args.binfmt_bound:
+            body += _binfmt_bound(spec)
         if args.defeat and not _looks_like_a_witness_run(args.defeat, cmd):
             body = [w for w in body if w != "--unshare-net"]  # not tested, it thinks: no isolation
         if args.decoy:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sandbox_conformance.conformance import observer
 from sandbox_conformance.conformance.harness import WitnessSession
 from sandbox_conformance.conformance.plan import Task
 from sandbox_conformance.conformance.plugin import Settings
@@ -150,32 +151,50 @@ def test_the_launchers_secret_is_readable_nowhere_in_the_task(sbxc_task: Task) -
 def test_the_hosts_kernel_settings_cannot_be_opened_for_writing(sbxc_task: Task) -> None:
     tried = _inside(sbxc_task, "kernel_writes")
     assert tried, "no kernel setting was tried"
+    view = _task_view(sbxc_task)
+    host = {} if view else _reach(sbxc_task)
+    # A binfmt_misc instance the host tells is a user namespace's own registers handlers for that
+    # namespace's execs alone; the host's, or one it could not tell, is a way out (never excused).
+    binfmt_mounts = host.get("binfmt_mounts", [])
+    binfmt = {b["mount_point"].rstrip("/") + "/register": b["instance"] for b in binfmt_mounts}
+
+    def shown(t: dict[str, Any]) -> str:
+        if t.get("wrote_back"):
+            return f"{t['path']} (written back)"
+        if t.get("write_errno"):
+            return f"{t['path']} (write-back: {t['write_errno']})"
+        return f"{t['path']} ({binfmt[t['path']]} binfmt_misc instance)" if t["path"] in binfmt else t["path"]
+
     # A write-back the kernel refused for want of permission is a setting out of reach, opened or not:
     # some files check again at write (a v1 release_agent without CAP_SYS_ADMIN in the initial user
     # namespace). Any other failure of the write (EINVAL, say) says nothing of another value's.
     opened = [
-        t["path"] + (" (written back)" if t.get("wrote_back") else f" (write-back: {t.get('write_errno')})"
-                     if t.get("write_errno") else "")
+        shown(t)
         for t in tried
         if t.get("opened") and t.get("write_errno") not in ("EPERM", "EACCES", "EROFS")
+        and binfmt.get(t["path"]) != observer.OWN
     ]
-    view = _task_view(sbxc_task)
-    host = {} if view else _reach(sbxc_task)
     proc_sys = "(the host cannot observe the task)" if view else host.get("proc_sys")
-    # The host's cgroup hierarchies the host sees mounted read-write from their root, for a task that is
-    # root on the host: the task must have tried a file of each (unknown is never a pass); a trial that
-    # found no such file there tried nothing.
+    # What the host sees read-write in the task, for a task that is root on the host: its cgroup
+    # hierarchies from their root, and a binfmt_misc instance not the task's own. The task must have
+    # tried a file of each (unknown is never a pass); a trial that found no such file there tried nothing.
     tried_paths = [str(t["path"]) for t in tried if t.get("errno") != "ENOENT"]
+    reached = [
+        *((c["mount_point"], c["fstype"]) for c in host.get("cgroup_roots", [])),
+        *((b["mount_point"], f"binfmt_misc, {b['instance']} instance")
+          for b in binfmt_mounts if b["instance"] != observer.OWN),
+    ]
     untried = [
-        f"{c['mount_point']} ({c['fstype']})"
-        for c in host.get("cgroup_roots", [])
-        if not any(p.startswith(c["mount_point"].rstrip("/") + "/") for p in tried_paths)
+        f"{point} ({what})"
+        for point, what in reached
+        if not any(p.startswith(point.rstrip("/") + "/") for p in tried_paths)
     ]
     assert not opened and not untried, "; ".join(
         [
             *([f"the task opened host kernel settings for writing: {opened}"] if opened else []),
-            *([f"the host sees its cgroup hierarchies read-write from their root in the task, and the task "
-               f"tried none of their files: {untried}"] if untried else []),
+            *([f"the host sees these read-write in the task (a cgroup hierarchy from its root, a binfmt_misc "
+               f"instance not the task's own), and the task tried none of their files: {untried}"]
+              if untried else []),
             f"the mount serving /proc/sys in the task, as the host reads it: {proc_sys}",
         ]
     )
