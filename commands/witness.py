@@ -357,6 +357,8 @@ def _document(args: argparse.Namespace, settings: Settings, code: int, rc: int,
                 "host_view": t.seen.to_json() if t.seen is not None else None,
                 "host_view_missing": t.unobserved or t.unseen,
                 "left_running": list(t.survivors),
+                # what processes that entered the task's pid namespace after the handshake held
+                "joined_late": list(t.joined_late),
             }
             for t in tasks
         ],

@@ -599,6 +599,14 @@ REACH: tuple[Control, ...] = (
         reddens=(DESCRIPTORS,),
     ),
     Control(
+        "exec_joined_late",
+        "after the handshake, a process enters the sandbox from outside (as `runc exec` does) holding a "
+        "descriptor of a host directory, with its cwd there (runc CVE-2024-21626): the task's pid "
+        "namespace holds a way out the handshake never saw",
+        launcher_args=("--exec-late",),
+        reddens=(DESCRIPTORS,),
+    ),
+    Control(
         "daemon_socket_bound",
         "a host daemon's unix socket (the harness's planted one) is bound into the task, read-only: "
         "connect(2) needs no writable mount (the Docker-socket class)",

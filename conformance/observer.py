@@ -488,14 +488,19 @@ def device_allowed(path: str, st: os.stat_result, allowed: Mapping[str, str]) ->
 
 
 def held(pids: Sequence[int], mounts: Sequence[mountinfo.Mount], namespaces: Mapping[str, str],
-         allowed: Mapping[str, str], proc: Path = Path("/proc")) -> list[dict[str, Any]]:
+         allowed: Mapping[str, str], proc: Path = Path("/proc"), *,
+         task: int | None = None, members: Container[int] | None = None) -> list[dict[str, Any]]:
     """Every descriptor a process of the task holds that leads out of it: a file or directory on a mount
     outside the task's mount namespace (fdinfo's mnt_id, proc(5); mount ids are unique system-wide), a
     socket of another network namespace, a namespace the task is not in, a pidfd of a process outside
-    it, a device node off the allowlist. Pipes, FIFOs and event descriptors are the task's channels."""
+    it, a device node off the allowlist. Pipes, FIFOs and event descriptors are the task's channels.
+    `task`: the process whose network namespace is the task's (default: the first of `pids`);
+    `members`: the processes that are the task's (default: `pids`)."""
     mount_ids = {m.mount_id for m in mounts}
-    socks: Container[int] = SocketTables(proc / str(pids[0]) / "net") if pids else frozenset()
-    own, members = set(namespaces.values()), set(pids)
+    net = task if task is not None else (pids[0] if pids else None)
+    socks: Container[int] = SocketTables(proc / str(net) / "net") if net is not None else frozenset()
+    own = set(namespaces.values())
+    members = set(pids) if members is None else members
     out: list[dict[str, Any]] = []
     for p in pids:
         base = proc / str(p)
@@ -515,7 +520,7 @@ def held(pids: Sequence[int], mounts: Sequence[mountinfo.Mount], namespaces: Map
 
 
 def _why_out(link: str, base: Path, n: str, mount_ids: set[int], socks: Container[int], own: set[str],
-             members: set[int], allowed: Mapping[str, str]) -> str | None:
+             members: Container[int], allowed: Mapping[str, str]) -> str | None:
     if link.startswith("socket:["):
         if int(link[8:-1]) not in socks:
             return "a socket of another network namespace (opened outside the sandbox and left open)"
@@ -541,6 +546,66 @@ def _why_out(link: str, base: Path, n: str, mount_ids: set[int], socks: Containe
         kind = "directory" if stat.S_ISDIR(st.st_mode) else "file"
         return f"a {kind} on a mount outside the task's mount namespace (mount {mnt})"
     return None
+
+
+def joined(seen: Seen, host_pidns: str, proc: Path = Path("/proc")) -> list[int]:
+    """The processes in the task's own pid namespace that were not there at the handshake and do not
+    descend from the task: what entered it from outside since (`runc exec`, `docker exec`, nsenter).
+    One readlink per host process, made at every look: a joined process lives as long as the task's
+    pid namespace does, which may be a few milliseconds after it enters."""
+    pidns = seen.namespaces.get("pid", "")
+    if not pidns or pidns.startswith("error") or pidns == host_pidns:
+        return []  # no namespace of its own: nothing can join it
+    known = {seen.pid, *seen.reached.get("pids", [])}
+    out = []
+    for name in procfs.pids(proc):
+        p = int(name)
+        if p in known:
+            continue
+        with contextlib.suppress(OSError):
+            if procfs.readlink(f"{proc}/{name}/ns/pid") == pidns and not _descends(p, seen.pid, proc):
+                out.append(p)
+    return sorted(out)
+
+
+def _descends(pid: int, ancestor: int, proc: Path) -> bool:
+    for _ in range(64):
+        try:
+            pid = int(stat_fields(procfs.read_small(f"{proc}/{pid}/stat"))["ppid"])
+        except (OSError, ValueError):
+            return False
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+    return False
+
+
+def places_out(pids: Sequence[int], mounts: Sequence[mountinfo.Mount],
+               proc: Path = Path("/proc")) -> list[dict[str, Any]]:
+    """Each process's working directory and root that are on a mount outside the task's mount namespace
+    (runc CVE-2024-21626: `runc exec --cwd /proc/self/fd/N` started a process in the container with its
+    cwd on the host). An O_PATH open of /proc/PID/cwd is a descriptor of that very mount (the magic link
+    is the process's path, mount and all, proc(5)), so its fdinfo names the mount."""
+    mount_ids = {m.mount_id for m in mounts}
+    out: list[dict[str, Any]] = []
+    for p in pids:
+        for what in ("cwd", "root"):
+            try:
+                fd = os.open(proc / str(p) / what, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # gone, or not ours to read
+            try:
+                mnt = _fdinfo(Path(f"/proc/self/fdinfo/{fd}")).get("mnt_id", "")
+                link = procfs.readlink(proc / str(p) / what)
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+            if mnt.isdigit() and int(mnt) not in mount_ids:
+                why = f"its {what} is on a mount outside the task's mount namespace (mount {mnt})"
+                out.append({"pid": p, "fd": what, "link": link, "why": why})
+    return out
 
 
 def host_sockets(proc: Path = Path("/proc")) -> tuple[str, ...]:
@@ -947,6 +1012,9 @@ class Watch:
         # The unannounced looks (see _look): the pid they follow, the first reading, what differed.
         self.looks = 0
         self.changes: list[str] = []
+        # What processes that joined the task's pid namespace after the handshake hold that leads out
+        # (see _look_for_joiners), each once.
+        self.joined_late: list[dict[str, Any]] = []
         self._followed: int | None = None
         self._early: list[dict[str, Any]] = []
         self._reference: dict[str, Any] | None = None
@@ -990,6 +1058,24 @@ class Watch:
                 self._early.append(snap)
             elif self._reference is not None:
                 self._compare(snap, "after the handshake")
+                self._look_for_joiners()
+
+    def _look_for_joiners(self) -> None:
+        """The handshake judged every process then in the task's pid namespace; one that enters it later
+        (what `runc exec` starts: runc CVE-2024-21626 gave one a host directory, as a descriptor or as
+        its cwd) is judged here, by what it holds (the task's own descendants are the task's trials)."""
+        seen, asked = self.seen, self.asked
+        if seen is None or asked is None or not seen.reached or isinstance(seen.mounts, str) \
+                or len(self.joined_late) >= 20:
+            return
+        late = joined(seen, self.host_namespaces.get("pid", ""))
+        if not late:
+            return
+        members = {*seen.reached.get("pids", []), *late}
+        found = [*held(late, seen.mounts, seen.namespaces, asked.devices, task=seen.pid, members=members),
+                 *places_out(late, seen.mounts)]
+        known = {(d["pid"], d["fd"], d["link"]) for d in self.joined_late}
+        self.joined_late += [d for d in found if (d["pid"], d["fd"], d["link"]) not in known][:20]
 
     def _compare(self, snap: Mapping[str, Any], when: str) -> None:
         assert self._reference is not None

@@ -4,12 +4,15 @@ Plus the witness command's refusals of bad input before anything runs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from witness_cli import witness
 
@@ -224,3 +227,64 @@ def test_run_refuses_an_unwritable_report_before_probing_anything(tmp_path: Path
     assert done.returncode == 2, done.stderr
     assert "no such directory" in done.stderr and "mode native" not in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _pidns(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/ns/pid")
+
+
+def _first_child(pid: int, name: str) -> int:
+    """The first child of `pid` running `name`, waited for (10 s)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(psutil.Error):
+            found = [c.pid for c in psutil.Process(pid).children() if c.name() == name]
+            if found:
+                return found[0]
+        time.sleep(0.01)
+    raise AssertionError(f"no {name} under pid {pid}")
+
+
+def test_a_process_that_enters_the_tasks_pid_namespace_later_is_found_and_its_descendants_are_not(
+    root_only: None,
+) -> None:
+    # The task is pid 1 of a pid namespace of its own; the handshake saw only it. Then the task forks
+    # (its own child: never "joined"), and a process enters from outside as `runc exec` does (nsenter:
+    # setns(2) to the pid namespace, then a fork, whose parent stays outside).
+    sandbox = subprocess.Popen(["unshare", "--pid", "--fork", "sh", "-c", "sleep 30 & exec sleep 31"],
+                               start_new_session=True)
+    entered = None
+    try:
+        task = _first_child(sandbox.pid, "sleep")
+        _first_child(task, "sleep")  # the task's own child
+        seen = observer.Seen(pid=task, namespaces={"pid": _pidns(task)}, status={}, environ={}, mounts=(),
+                             cgroup="", proc_stat={}, reached={"pids": [task]})
+        host = _pidns(os.getpid())
+        assert observer.joined(seen, host) == []  # the task's own child descends from it
+        entered = subprocess.Popen(["nsenter", "--target", str(task), "--pid", "--", "sleep", "30"],
+                                   start_new_session=True)
+        inside = _first_child(entered.pid, "sleep")
+        assert _pidns(inside) == _pidns(task)
+        assert observer.joined(seen, host) == [inside]
+        # Sharing the host's pid namespace, nothing can join it.
+        assert observer.joined(seen._replace(namespaces={"pid": host}), host) == []
+    finally:
+        for p in (entered, sandbox):
+            if p is not None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def test_a_cwd_on_a_mount_outside_the_tasks_namespace_is_a_place_out(tmp_path: Path) -> None:
+    proc = subprocess.Popen(["sleep", "30"], cwd=tmp_path, stdin=subprocess.DEVNULL)
+    try:
+        mounts = mountinfo.parse(Path(f"/proc/{proc.pid}/mountinfo").read_text())
+        assert observer.places_out([proc.pid], mounts) == []  # its own namespace's mounts
+        serving = mountinfo.serving(mounts, str(tmp_path))
+        assert serving is not None
+        others = [m for m in mounts if m.mount_id != serving.mount_id]
+        [out] = [o for o in observer.places_out([proc.pid], others) if o["fd"] == "cwd"]
+        assert out["link"] == str(tmp_path) and f"(mount {serving.mount_id})" in out["why"]
+    finally:
+        proc.kill()
+        proc.wait()

@@ -35,6 +35,9 @@ What the task holds and reaches (issue 26), each the mistake of a real sandbox:
 --bind-daemon-socket  the harness's planted daemon socket bound in at /run/agentd.sock.
 --seccomp-x86-64-only  a filter that refuses user namespaces by x86_64 syscall numbers and never checks
                    the architecture, so the i386 entry point (int 0x80) creates one.
+--exec-late        what `runc exec` did in CVE-2024-21626: once the host has released the task from its
+                   handshake, a process enters the sandbox's namespaces and root from outside holding a
+                   descriptor of the layout's root (a host directory), with its cwd there, and sleeps.
 --binfmt-bound     the host's binfmt_misc instance (the initial user namespace's, mounted in a private
                    mount namespace of the launcher's) bound in read-write at /proc/sys/fs/binfmt_misc,
                    as `-v /proc/sys/fs/binfmt_misc:...` gives a container that registers qemu handlers.
@@ -65,7 +68,9 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -124,6 +129,7 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--bind-daemon-socket", action="store_true")
     p.add_argument("--seccomp-x86-64-only", action="store_true")
     p.add_argument("--binfmt-bound", action="store_true")
+    p.add_argument("--exec-late", action="store_true")
     p.add_argument("--task", metavar="TASK_ID")
     p.add_argument("--user", metavar="NAME", help="the layout's user ([layout] user; default alice)")
     p.add_argument("--defeat", choices=("spec", "argv", "stdin", "names"))
@@ -327,6 +333,109 @@ def join(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object]) ->
         except subprocess.TimeoutExpired:
             bwrap.kill()
             bwrap.wait()
+
+
+# ---- --exec-late ---------------------------------------------------------------------------------------
+
+# Where the task waits for the host's release: sigtimedwait(2) (conformance/inside.py _release).
+RELEASE_WCHAN = "do_sigtimedwait"
+EXEC_LATE_WAIT = 60.0
+
+
+def _task_pid(bwrap: subprocess.Popen[bytes], cmd: Sequence[str]) -> int | None:
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        return next((c.pid for c in psutil.Process(bwrap.pid).children(recursive=True)
+                     if c.cmdline() == list(cmd)), None)
+    return None
+
+
+def _waiting(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text().startswith(RELEASE_WCHAN)
+    except OSError:
+        return False
+
+
+def _poll(until: Callable[[], bool], bwrap: subprocess.Popen[bytes]) -> bool:
+    deadline = time.monotonic() + EXEC_LATE_WAIT
+    while time.monotonic() < deadline and bwrap.poll() is None:
+        if until():
+            return True
+        time.sleep(0.001)
+    return False
+
+
+def _waiting_task(bwrap: subprocess.Popen[bytes], cmd: Sequence[str]) -> int | None:
+    """The task's pid once it waits in sigtimedwait, or None (bwrap ended, or EXEC_LATE_WAIT passed)."""
+    found: list[int] = []
+
+    def waits() -> bool:
+        if not found:
+            found.extend(p for p in [_task_pid(bwrap, cmd)] if p is not None)
+        return bool(found) and _waiting(found[0])
+
+    return found[0] if _poll(waits, bwrap) else None
+
+
+def _forward(bwrap: subprocess.Popen[bytes], cmd: Sequence[str], waiting: list[int]) -> None:
+    """The task's stdout, line by line, to ours (the harness's pipe). The handshake line is held back
+    until the task waits in sigtimedwait for its release: the harness cannot release it before it
+    reads the line, so the wait is always seen, and its end is the release (`waiting` gets the pid)."""
+    out = sys.stdout.buffer
+    assert bwrap.stdout is not None
+    for line in bwrap.stdout:
+        if b'"sbxc_ready"' in line and not waiting:
+            waiting.extend(p for p in [_waiting_task(bwrap, cmd)] if p is not None)
+        out.write(line)
+        out.flush()
+
+
+def exec_late(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object]) -> int:
+    """The reference sandbox, and after the handshake a process that enters it from outside holding a
+    host directory (as a descriptor and as its cwd), then sleeps in the task's pid namespace: it goes
+    when the sandbox's init does (zap_pid_ns_processes). Its environment is empty: the launcher's
+    carries the planted secret, which only the descriptors promise is about here."""
+    import prctl  # before the fork: the child cannot import once inside (untyped: see join)
+
+    bwrap = subprocess.Popen([*body, *cmd], stdout=subprocess.PIPE)
+    waiting: list[int] = []
+    forwarder = threading.Thread(target=_forward, args=(bwrap, cmd, waiting), daemon=True)
+    forwarder.start()
+    joiner = None
+    try:
+        # Released: the task was seen waiting for the host's release and is no longer (the lifecycle
+        # launch is never released: its launcher is SIGKILLed while this waits).
+        released = _poll(lambda: bool(waiting) and not _waiting(waiting[0]), bwrap)
+        task = waiting[0] if released else None
+        if task is not None:
+            host_dir = os.open(_layout_root(spec), os.O_RDONLY | os.O_DIRECTORY)
+            sys.stderr.flush()
+            joiner = os.fork()
+            if joiner == 0:  # pragma: no cover - child (single-threaded: setns(CLONE_NEWUSER) needs it)
+                try:
+                    _enter(task)
+                    if os.fork() == 0:  # a child: only it is in the pid namespace setns entered
+                        os.fchdir(host_dir)
+                        os.set_inheritable(host_dir, True)
+                        _drop_capabilities(prctl)
+                        os.execve("/bin/sleep", ["sleep", "600"], {})
+                    os.wait()
+                except (SandboxNotSetUp, OSError) as e:
+                    print(f"control launcher --exec-late: {e}", file=sys.stderr)
+                finally:
+                    os._exit(0)
+            os.close(host_dir)
+        code = bwrap.wait()
+        forwarder.join(BWRAP_EXIT_TIMEOUT)  # the rest of the document
+        return code if code >= 0 else 128 - code
+    finally:
+        if bwrap.poll() is None:
+            bwrap.kill()
+            bwrap.wait()
+        if joiner is not None:
+            os.waitpid(joiner, 0)  # its sleeper went with the sandbox's pid namespace
 
 
 # ---- adversaries: a sandbox author who wants a green run (issue 11) ---------------------------------
@@ -851,6 +960,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             cmd = [python, "-I", "-S", "-c", LANDLOCK, args.landlock_refuse, str(LANDLOCK_WRITES), *cmd]
         if args.join:
             return join(body, cmd, spec)
+        if args.exec_late:
+            return exec_late(body, cmd, spec)
         if args.offer_proxy:
             return offer_proxy(body, cmd, spec)
         os.execv(body[0], [*body, *cmd])
