@@ -548,24 +548,27 @@ def _why_out(link: str, base: Path, n: str, mount_ids: set[int], socks: Containe
     return None
 
 
-def joined(seen: Seen, host_pidns: str, proc: Path = Path("/proc")) -> list[int]:
+def joined(seen: Seen, host_pidns: str, classified: dict[int, bool], proc: Path = Path("/proc")) -> list[int]:
     """The processes in the task's own pid namespace that were not there at the handshake and do not
     descend from the task: what entered it from outside since (`runc exec`, `docker exec`, nsenter).
-    One readlink per host process, made at every look: a joined process lives as long as the task's
-    pid namespace does, which may be a few milliseconds after it enters."""
+    `classified` (pid -> joined), carried from look to look, starts as every host process at the
+    handshake: a process enters a pid namespace only by being forked into it (setns(2) moves the
+    caller's children, never the caller), so only a pid not yet seen is read, once. A look then costs
+    one pass over /proc's entries: a joined process lives no longer than the task's pid namespace."""
     pidns = seen.namespaces.get("pid", "")
     if not pidns or pidns.startswith("error") or pidns == host_pidns:
         return []  # no namespace of its own: nothing can join it
-    known = {seen.pid, *seen.reached.get("pids", [])}
-    out = []
+    for p in (seen.pid, *seen.reached.get("pids", [])):
+        classified[p] = False  # judged at the handshake
     for name in procfs.pids(proc):
         p = int(name)
-        if p in known:
-            continue
-        with contextlib.suppress(OSError):
-            if procfs.readlink(f"{proc}/{name}/ns/pid") == pidns and not _descends(p, seen.pid, proc):
-                out.append(p)
-    return sorted(out)
+        if p not in classified:
+            try:
+                classified[p] = procfs.readlink(f"{proc}/{name}/ns/pid") == pidns \
+                    and not _descends(p, seen.pid, proc)
+            except OSError:
+                classified[p] = False  # gone already
+    return sorted(p for p, entered in classified.items() if entered)
 
 
 def _descends(pid: int, ancestor: int, proc: Path) -> bool:
@@ -1015,6 +1018,7 @@ class Watch:
         # What processes that joined the task's pid namespace after the handshake hold that leads out
         # (see _look_for_joiners), each once.
         self.joined_late: list[dict[str, Any]] = []
+        self._classified: dict[int, bool] = {}
         self._followed: int | None = None
         self._early: list[dict[str, Any]] = []
         self._reference: dict[str, Any] | None = None
@@ -1068,7 +1072,7 @@ class Watch:
         if seen is None or asked is None or not seen.reached or isinstance(seen.mounts, str) \
                 or len(self.joined_late) >= 20:
             return
-        late = joined(seen, self.host_namespaces.get("pid", ""))
+        late = joined(seen, self.host_namespaces.get("pid", ""), self._classified)
         if not late:
             return
         members = {*seen.reached.get("pids", []), *late}
@@ -1107,6 +1111,9 @@ class Watch:
             self.signalled.set()
             return
         host_mounts = mountinfo.parse(Path("/proc/self/mountinfo").read_text())
+        # Every process now: what is in the task's pid namespace among them is read at the handshake,
+        # and what comes later is looked for among the rest (_look_for_joiners).
+        self._classified = {int(p): False for p in procfs.pids()}
         self.seen = read(
             pids[0],
             protected=self.protected,

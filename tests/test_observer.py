@@ -260,14 +260,17 @@ def test_a_process_that_enters_the_tasks_pid_namespace_later_is_found_and_its_de
         seen = observer.Seen(pid=task, namespaces={"pid": _pidns(task)}, status={}, environ={}, mounts=(),
                              cgroup="", proc_stat={}, reached={"pids": [task]})
         host = _pidns(os.getpid())
-        assert observer.joined(seen, host) == []  # the task's own child descends from it
+        # The handshake's listing of the host's processes (the task among them): only later ones are read.
+        classified = {p: False for p in psutil.pids() if p != task}
+        assert observer.joined(seen, host, classified) == []  # the task's own child descends from it
         entered = subprocess.Popen(["nsenter", "--target", str(task), "--pid", "--", "sleep", "30"],
                                    start_new_session=True)
         inside = _first_child(entered.pid, "sleep")
         assert _pidns(inside) == _pidns(task)
-        assert observer.joined(seen, host) == [inside]
+        assert observer.joined(seen, host, classified) == [inside]
+        assert observer.joined(seen, host, {p: False for p in psutil.pids()}) == []  # there at the handshake
         # Sharing the host's pid namespace, nothing can join it.
-        assert observer.joined(seen._replace(namespaces={"pid": host}), host) == []
+        assert observer.joined(seen._replace(namespaces={"pid": host}), host, {}) == []
     finally:
         for p in (entered, sandbox):
             if p is not None:
