@@ -510,10 +510,12 @@ TABLE: dict[str, dict[str, tuple[str, str]]] = {
         "oci": ("linux.readonlyPaths without /proc/sys",
                 "runc spec's linux.readonlyPaths (/proc/bus, /proc/fs, /proc/irq, /proc/sys, "
                 "/proc/sysrq-trigger)"),
-        "docker": ("--privileged, or --security-opt systempaths=unconfined",
-                   "the engine's default read-only /proc/sys"),
-        "podman": ("--privileged, or --security-opt unmask=",
-                   "the engine's default read-only /proc/sys"),
+        "docker": ("--privileged, or --security-opt systempaths=unconfined, or a -v of /sys/fs/cgroup or "
+                   "/proc/sys/fs/binfmt_misc",
+                   "the engine's default read-only /proc/sys, and no volume of the host's kernel interfaces"),
+        "podman": ("--privileged, or --security-opt unmask=, or a -v of /sys/fs/cgroup or "
+                   "/proc/sys/fs/binfmt_misc",
+                   "the engine's default read-only /proc/sys, and no volume of the host's kernel interfaces"),
         "systemd-run": ("no ProtectKernelTunables=, or no ProtectControlGroups= (ProtectKernelTunables= "
                         "leaves /sys/fs/cgroup read-write)",
                         "ProtectKernelTunables=yes ProtectControlGroups=yes"),
