@@ -73,7 +73,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 EX_SOFTWARE = 70
 # linux/nsfs.h: _IO(0xb7, 0x1): an fd for the user namespace that owns a namespace.
@@ -340,6 +340,8 @@ def join(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object]) ->
 # Where the task waits for the host's release: sigtimedwait(2) (conformance/inside.py _release).
 RELEASE_WCHAN = "do_sigtimedwait"
 EXEC_LATE_WAIT = 60.0
+# How long the task stays stopped once the entered process is there: the host looks every 5-30 ms.
+EXEC_LATE_SHOWN = 1.0
 
 
 def _task_pid(bwrap: subprocess.Popen[bytes], cmd: Sequence[str]) -> int | None:
@@ -392,11 +394,37 @@ def _forward(bwrap: subprocess.Popen[bytes], cmd: Sequence[str], waiting: list[i
         out.flush()
 
 
+def _join(task: int, host_dir: int, prctl: ModuleType, report: int) -> NoReturn:  # pragma: no cover - child
+    """In a forked child (single-threaded: setns(CLONE_NEWUSER) needs it): enter the task's namespaces
+    and root, fork the process that holds `host_dir` as a descriptor and as its cwd and sleeps, and
+    write its (host) pid to `report`."""
+    try:
+        _enter(task)
+        sleeper = os.fork()
+        if sleeper == 0:  # a child: only it is in the pid namespace setns entered
+            os.fchdir(host_dir)
+            os.set_inheritable(host_dir, True)
+            _drop_capabilities(prctl)
+            os.execve("/bin/sleep", ["sleep", "600"], {})
+        os.write(report, f"{sleeper}\n".encode())
+        os.wait()
+    except (SandboxNotSetUp, OSError) as e:
+        print(f"control launcher --exec-late: {e}", file=sys.stderr)
+    finally:
+        os._exit(0)
+
+
 def exec_late(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object]) -> int:
     """The reference sandbox, and after the handshake a process that enters it from outside holding a
     host directory (as a descriptor and as its cwd), then sleeps in the task's pid namespace: it goes
     when the sandbox's init does (zap_pid_ns_processes). Its environment is empty: the launcher's
-    carries the planted secret, which only the descriptors promise is about here."""
+    carries the planted secret, which only the descriptors promise is about here. The task is stopped
+    (SIGSTOP) from its release until EXEC_LATE_SHOWN after the entry: the way out is there while the task
+    lives, which a task that ends a few milliseconds after its release would otherwise not guarantee
+    (measured: one such control run in a loaded CI run ended before the host's next look)."""
+    import select
+    import signal
+
     import prctl  # before the fork: the child cannot import once inside (untyped: see join)
 
     bwrap = subprocess.Popen([*body, *cmd], stdout=subprocess.PIPE)
@@ -409,24 +437,27 @@ def exec_late(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object
         # launch is never released: its launcher is SIGKILLed while this waits).
         released = _poll(lambda: bool(waiting) and not _waiting(waiting[0]), bwrap)
         task = waiting[0] if released else None
+        try:
+            if task is not None:
+                os.kill(task, signal.SIGSTOP)
+        except ProcessLookupError:
+            task = None  # over already: nothing to hand a way out to
         if task is not None:
-            host_dir = os.open(_layout_root(spec), os.O_RDONLY | os.O_DIRECTORY)
-            sys.stderr.flush()
-            joiner = os.fork()
-            if joiner == 0:  # pragma: no cover - child (single-threaded: setns(CLONE_NEWUSER) needs it)
-                try:
-                    _enter(task)
-                    if os.fork() == 0:  # a child: only it is in the pid namespace setns entered
-                        os.fchdir(host_dir)
-                        os.set_inheritable(host_dir, True)
-                        _drop_capabilities(prctl)
-                        os.execve("/bin/sleep", ["sleep", "600"], {})
-                    os.wait()
-                except (SandboxNotSetUp, OSError) as e:
-                    print(f"control launcher --exec-late: {e}", file=sys.stderr)
-                finally:
-                    os._exit(0)
-            os.close(host_dir)
+            try:
+                host_dir = os.open(_layout_root(spec), os.O_RDONLY | os.O_DIRECTORY)
+                r, w = os.pipe()
+                sys.stderr.flush()
+                joiner = os.fork()
+                if joiner == 0:  # pragma: no cover - child
+                    _join(task, host_dir, prctl, w)
+                os.close(w)
+                os.close(host_dir)
+                if select.select([r], [], [], EXEC_LATE_WAIT)[0] and os.read(r, 32).strip():
+                    time.sleep(EXEC_LATE_SHOWN)
+                os.close(r)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(task, signal.SIGCONT)
         code = bwrap.wait()
         forwarder.join(BWRAP_EXIT_TIMEOUT)  # the rest of the document
         return code if code >= 0 else 128 - code
