@@ -357,8 +357,9 @@ def _document(args: argparse.Namespace, settings: Settings, code: int, rc: int,
                 "host_view": t.seen.to_json() if t.seen is not None else None,
                 "host_view_missing": t.unobserved or t.unseen,
                 "left_running": list(t.survivors),
-                # what processes that entered the task's pid namespace after the handshake held
-                "joined_late": list(t.joined_late),
+                # what the sandbox's other processes in the task's pid namespace, and any that entered
+                # it, came to hold after the handshake
+                "held_late": list(t.held_late),
             }
             for t in tasks
         ],

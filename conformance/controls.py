@@ -607,6 +607,14 @@ REACH: tuple[Control, ...] = (
         reddens=(DESCRIPTORS,),
     ),
     Control(
+        "helper_held_late",
+        "a helper of the sandbox's in the task's pid namespace, there and clean at the handshake, is "
+        "handed a descriptor of a host directory over a unix socket once the task is released (a "
+        "broker's SCM_RIGHTS): the way out comes after the only look the host made at it",
+        launcher_args=("--helper-late",),
+        reddens=(DESCRIPTORS,),
+    ),
+    Control(
         "daemon_socket_bound",
         "a host daemon's unix socket (the harness's planted one) is bound into the task, read-only: "
         "connect(2) needs no writable mount (the Docker-socket class)",

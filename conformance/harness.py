@@ -536,7 +536,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             unseen=unseen,
             changes=tuple(watch.changes),
             looks=watch.looks,
-            joined_late=tuple(watch.joined_late),
+            held_late=tuple(watch.held_late),
             survivors=tuple(watch.survivors or ()),
             host_devices=watch.host_devices,
             knocks=_from_task(knocks, watch.seen),

@@ -548,6 +548,30 @@ def _why_out(link: str, base: Path, n: str, mount_ids: set[int], socks: Containe
     return None
 
 
+def helpers(seen: Seen, proc: Path = Path("/proc")) -> dict[int, int]:
+    """{pid: start time} of the processes in the task's pid namespace at the handshake that are not the
+    task's own (neither the task nor its descendants): the sandbox's init and helpers, which can be
+    handed a way out later (SCM_RIGHTS, a broker's open) where the task reaches it through /proc/PID/fd
+    or by asking. The task's own descendants are its trials, judged from inside."""
+    out: dict[int, int] = {}
+    for p in seen.reached.get("pids", []):
+        if p == seen.pid or _descends(p, seen.pid, proc):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            out[p] = int(stat_fields(procfs.read_small(f"{proc}/{p}/stat"))["starttime"])
+    return out
+
+
+def still(started: Mapping[int, int], proc: Path = Path("/proc")) -> list[int]:
+    """The processes of `started` ({pid: start time}) that still run (not a later one with a reused pid)."""
+    out = []
+    for p, start in started.items():
+        with contextlib.suppress(OSError, ValueError):
+            if int(stat_fields(procfs.read_small(f"{proc}/{p}/stat"))["starttime"]) == start:
+                out.append(p)
+    return out
+
+
 def joined(seen: Seen, host_pidns: str, classified: dict[int, bool], proc: Path = Path("/proc")) -> list[int]:
     """The processes in the task's own pid namespace that were not there at the handshake and do not
     descend from the task: what entered it from outside since (`runc exec`, `docker exec`, nsenter).
@@ -723,7 +747,10 @@ def what_it_reaches(
     creds = Creds.of(status, uid_map) if not isinstance(status, str) else None
     pids = task_pids(pid, namespaces.get("pid", ""), host_pidns, proc)
     out: dict[str, Any] = {"pids": pids}
-    out["descriptors"] = held(pids, mounts, namespaces, asked.devices, proc)
+    # A process of the task's whose cwd or root is on a mount of another namespace is a way out too:
+    # the task reaches it through /proc/PID/cwd (where ptrace access allows) or, as that process, by `..`.
+    out["descriptors"] = [*held(pids, mounts, namespaces, asked.devices, proc),
+                          *places_out(pids, mounts, proc)]
     if asked.secret:
         carriers = []
         for p in pids:
@@ -1015,10 +1042,11 @@ class Watch:
         # The unannounced looks (see _look): the pid they follow, the first reading, what differed.
         self.looks = 0
         self.changes: list[str] = []
-        # What processes that joined the task's pid namespace after the handshake hold that leads out
-        # (see _look_for_joiners), each once.
-        self.joined_late: list[dict[str, Any]] = []
+        # What processes of the task's pid namespace other than the task's own came to hold after the
+        # handshake that leads out (see _look_later), each once.
+        self.held_late: list[dict[str, Any]] = []
         self._classified: dict[int, bool] = {}
+        self._helpers: dict[int, int] = {}
         self._followed: int | None = None
         self._early: list[dict[str, Any]] = []
         self._reference: dict[str, Any] | None = None
@@ -1062,24 +1090,33 @@ class Watch:
                 self._early.append(snap)
             elif self._reference is not None:
                 self._compare(snap, "after the handshake")
-                self._look_for_joiners()
+                self._look_later()
 
-    def _look_for_joiners(self) -> None:
-        """The handshake judged every process then in the task's pid namespace; one that enters it later
-        (what `runc exec` starts: runc CVE-2024-21626 gave one a host directory, as a descriptor or as
-        its cwd) is judged here, by what it holds (the task's own descendants are the task's trials)."""
+    def _look_later(self) -> None:
+        """The handshake judged every process then in the task's pid namespace, once. Here, at every later
+        look: what the sandbox's own processes there (its init, its helpers) hold now, and what a process
+        that entered the namespace since holds (what `runc exec` starts: runc CVE-2024-21626 gave one a
+        host directory, as a descriptor or as its cwd). The task's own descendants are its trials."""
         seen, asked = self.seen, self.asked
         if seen is None or asked is None or not seen.reached or isinstance(seen.mounts, str) \
-                or len(self.joined_late) >= 20:
+                or len(self.held_late) >= 20:
             return
         late = joined(seen, self.host_namespaces.get("pid", ""), self._classified)
-        if not late:
+        helpers = still(self._helpers)
+        if not late and not helpers:
             return
         members = {*seen.reached.get("pids", []), *late}
-        found = [*held(late, seen.mounts, seen.namespaces, asked.devices, task=seen.pid, members=members),
-                 *places_out(late, seen.mounts)]
-        known = {(d["pid"], d["fd"], d["link"]) for d in self.joined_late}
-        self.joined_late += [d for d in found if (d["pid"], d["fd"], d["link"]) not in known][:20]
+        pids = [*helpers, *late]
+        found = [*held(pids, seen.mounts, seen.namespaces, asked.devices, task=seen.pid, members=members),
+                 *places_out(pids, seen.mounts)]
+        known = {(d["pid"], d["fd"], d["link"])
+                 for d in [*seen.reached.get("descriptors", []), *self.held_late]}
+        entered = set(late)
+        self.held_late += [
+            {**d, "who": "entered the task's pid namespace after the handshake" if d["pid"] in entered
+             else "the sandbox's own, there at the handshake"}
+            for d in found if (d["pid"], d["fd"], d["link"]) not in known
+        ][:20]
 
     def _compare(self, snap: Mapping[str, Any], when: str) -> None:
         assert self._reference is not None
@@ -1112,7 +1149,7 @@ class Watch:
             return
         host_mounts = mountinfo.parse(Path("/proc/self/mountinfo").read_text())
         # Every process now: what is in the task's pid namespace among them is read at the handshake,
-        # and what comes later is looked for among the rest (_look_for_joiners).
+        # and what comes later is looked for among the rest (_look_later).
         self._classified = {int(p): False for p in procfs.pids()}
         self.seen = read(
             pids[0],
@@ -1122,6 +1159,7 @@ class Watch:
             host_pidns=self.host_namespaces.get("pid", ""),
         )
         self.host_devices = mountinfo.devices(host_mounts)
+        self._helpers = helpers(self.seen)
         self._claim_task(self.seen)
         self._reference = snapshot(pids[0])
         if self._followed is not None and self._followed != pids[0]:

@@ -705,9 +705,10 @@ class Task(NamedTuple):
     # unannounced looks it made.
     changes: tuple[str, ...] = ()
     looks: int = 0
-    # What processes that entered the task's pid namespace after the handshake held that leads out of it
-    # (observer.Watch._look_for_joiners): descriptors, a cwd or root outside.
-    joined_late: tuple[Mapping[str, Any], ...] = ()
+    # What processes of the task's pid namespace other than the task's own (the sandbox's helpers, and
+    # any that entered it) came to hold after the handshake that leads out of it
+    # (observer.Watch._look_later): descriptors, a cwd or root outside.
+    held_late: tuple[Mapping[str, Any], ...] = ()
 
     def result(self, op: str, path: str) -> Mapping[str, Any]:
         # By index, not a scan of the ops: every witness asks for a few, and a profile of 2,000

@@ -291,3 +291,52 @@ def test_a_cwd_on_a_mount_outside_the_tasks_namespace_is_a_place_out(tmp_path: P
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_what_a_helper_of_the_sandbox_comes_to_hold_after_the_handshake_is_found() -> None:
+    # A helper (not the task, not its descendant) that holds nothing outside at the handshake, then opens
+    # a directory on a mount the task's namespace does not have and moves its cwd there. Here the "task's
+    # mount namespace" is this one minus the mount serving /proc (always one of its own, never "/").
+    outside = "/proc"
+    helper_code = (
+        "import os,signal,sys\n"
+        "signal.signal(signal.SIGUSR1, lambda *_: (os.chdir(sys.argv[1]), os.open(sys.argv[1], os.O_RDONLY),"
+        " os.write(1, b'held\\n')))\n"
+        "os.write(1, b'ready\\n')\n"
+        "while True: signal.pause()\n"
+    )
+    task = subprocess.Popen(["sleep", "30"], cwd="/", stdin=subprocess.DEVNULL)
+    helper = subprocess.Popen([sys.executable, "-c", helper_code, outside], cwd="/", stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, close_fds=True)
+    try:
+        assert helper.stdout is not None and helper.stdout.readline() == b"ready\n"
+        mounts = mountinfo.parse(Path(f"/proc/{task.pid}/mountinfo").read_text())
+        serving = mountinfo.serving(mounts, outside)
+        assert serving is not None and serving.mount_point == outside
+        others = tuple(m for m in mounts if m.mount_id != serving.mount_id)
+        host = _pidns(os.getpid())
+        seen = observer.Seen(pid=task.pid, namespaces={"pid": host}, status={}, environ={}, mounts=others,
+                             cgroup="", proc_stat={},
+                             reached={"pids": [task.pid, helper.pid], "descriptors": []})
+        assert set(observer.helpers(seen)) == {helper.pid}  # the task is not its own helper
+        assert observer.still(observer.helpers(seen)) == [helper.pid]
+        assert observer.still({helper.pid: 0}) == []  # another process that had its pid once
+        watch = observer.Watch("", "n", protected=(), host_namespaces={"pid": host})
+        null = os.stat("/dev/null").st_rdev
+        allowed = {"/dev/null": f"{os.major(null)}:{os.minor(null)}"}
+        watch.seen, watch.asked = seen, observer.Reach(devices=allowed)
+        watch._helpers = observer.helpers(seen)
+        watch._look_later()
+        assert watch.held_late == []  # clean so far
+        helper.send_signal(signal.SIGUSR1)
+        assert helper.stdout.readline() == b"held\n"
+        watch._look_later()
+        watch._look_later()  # each way out once
+        found = {(d["pid"], d["fd"] if d["fd"] == "cwd" else "fd", d["link"]) for d in watch.held_late}
+        assert found == {(helper.pid, "cwd", outside), (helper.pid, "fd", outside)}, watch.held_late
+        assert len(watch.held_late) == 2
+        assert {d["who"] for d in watch.held_late} == {"the sandbox's own, there at the handshake"}
+    finally:
+        for p in (helper, task):
+            p.kill()
+            p.wait()

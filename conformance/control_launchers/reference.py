@@ -38,6 +38,9 @@ What the task holds and reaches (issue 26), each the mistake of a real sandbox:
 --exec-late        what `runc exec` did in CVE-2024-21626: once the host has released the task from its
                    handshake, a process enters the sandbox's namespaces and root from outside holding a
                    descriptor of the layout's root (a host directory), with its cwd there, and sleeps.
+--helper-late      a helper of the sandbox's, started in its pid namespace and root before the host's
+                   handshake look and holding nothing that leads out, is handed a descriptor of the
+                   layout's root over a unix socket (SCM_RIGHTS, a broker's way) once the task is released.
 --binfmt-bound     the host's binfmt_misc instance (the initial user namespace's, mounted in a private
                    mount namespace of the launcher's) bound in read-write at /proc/sys/fs/binfmt_misc,
                    as `-v /proc/sys/fs/binfmt_misc:...` gives a container that registers qemu handlers.
@@ -130,6 +133,7 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--seccomp-x86-64-only", action="store_true")
     p.add_argument("--binfmt-bound", action="store_true")
     p.add_argument("--exec-late", action="store_true")
+    p.add_argument("--helper-late", action="store_true")
     p.add_argument("--task", metavar="TASK_ID")
     p.add_argument("--user", metavar="NAME", help="the layout's user ([layout] user; default alice)")
     p.add_argument("--defeat", choices=("spec", "argv", "stdin", "names"))
@@ -381,15 +385,20 @@ def _waiting_task(bwrap: subprocess.Popen[bytes], cmd: Sequence[str]) -> int | N
     return found[0] if _poll(waits, bwrap) else None
 
 
-def _forward(bwrap: subprocess.Popen[bytes], cmd: Sequence[str], waiting: list[int]) -> None:
+def _forward(bwrap: subprocess.Popen[bytes], cmd: Sequence[str], waiting: list[int],
+             before_handshake: Callable[[int], None] | None = None) -> None:
     """The task's stdout, line by line, to ours (the harness's pipe). The handshake line is held back
     until the task waits in sigtimedwait for its release: the harness cannot release it before it
-    reads the line, so the wait is always seen, and its end is the release (`waiting` gets the pid)."""
+    reads the line, so the wait is always seen, and its end is the release (`waiting` gets the pid).
+    `before_handshake(task)` runs then, before the line goes on: what it starts is there at the
+    host's handshake look."""
     out = sys.stdout.buffer
     assert bwrap.stdout is not None
     for line in bwrap.stdout:
         if b'"sbxc_ready"' in line and not waiting:
             waiting.extend(p for p in [_waiting_task(bwrap, cmd)] if p is not None)
+            if waiting and before_handshake is not None:
+                before_handshake(waiting[0])
         out.write(line)
         out.flush()
 
@@ -414,24 +423,116 @@ def _join(task: int, host_dir: int, prctl: ModuleType, report: int) -> NoReturn:
         os._exit(0)
 
 
-def exec_late(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object]) -> int:
+# The helper's program (run inside the sandbox by its python3, with an empty environment): take the
+# descriptor handed over the socket on fd argv[1], hold it as a descriptor and as the cwd, say so, sleep.
+HELPER = """\
+import os, socket, sys, time
+s = socket.socket(fileno=int(sys.argv[1]))
+s.send(b"r")
+_, fds, _, _ = socket.recv_fds(s, 1, 1)
+for fd in fds:
+    try:
+        os.fchdir(fd)
+    except OSError:
+        pass
+s.send(b"1")
+time.sleep(600)
+"""
+
+
+def _helper(task: int, host_dir: int, prctl: ModuleType, report: int,  # pragma: no cover - child
+            go: int) -> NoReturn:
+    """In a forked child, before the handshake (single-threaded: setns(CLONE_NEWUSER) needs it): enter the
+    task's namespaces and root, start the helper (forked into the task's pid namespace, holding nothing
+    that leads out: one end of a unix socket made in the task's network namespace, /dev/null), write its
+    (host) pid to `report`; once `go` says the task is released, hand it `host_dir` over the socket
+    (SCM_RIGHTS, what a broker does), and write `held` once the helper has it."""
+    import socket  # imported by exec_late before the fork: a no-op here
+
+    try:
+        _enter(task)
+        ours, its = socket.socketpair()
+        helper = os.fork()
+        if helper == 0:
+            keep = its.fileno()
+            null = os.open("/dev/null", os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.closerange(3, keep)
+            os.closerange(keep + 1, 1 << 16)
+            os.set_inheritable(keep, True)
+            _drop_capabilities(prctl)
+            # exec'd, with an empty environment: /proc/PID/environ shows what the last exec got, and the
+            # launcher's carries the planted secret, which only the descriptors promise is about here.
+            os.execve("/usr/bin/python3", ["python3", "-I", "-S", "-c", HELPER, str(keep)], {})
+        its.close()
+        if ours.recv(1):  # exec'd: it holds nothing of ours any more (host_dir went at its closerange)
+            os.write(report, f"{helper}\n".encode())
+        if os.read(go, 1):
+            socket.send_fds(ours, [b"1"], [host_dir])
+            if ours.recv(1):
+                os.write(report, b"held\n")
+        ours.close()
+        os.wait()  # the helper goes with the sandbox's pid namespace
+    except (SandboxNotSetUp, OSError) as e:
+        print(f"control launcher --helper-late: {e}", file=sys.stderr)
+    finally:
+        os._exit(0)
+
+
+def _read_line(fd: int) -> bytes:
+    """One line from a pipe, waiting at most EXEC_LATE_WAIT (empty: nothing came)."""
+    import select
+
+    got = b""
+    deadline = time.monotonic() + EXEC_LATE_WAIT
+    while not got.endswith(b"\n") and select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        chunk = os.read(fd, 1)
+        if not chunk:
+            break
+        got += chunk
+    return got.strip()
+
+
+def exec_late(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object], *,
+              helper: bool = False) -> int:
     """The reference sandbox, and after the handshake a process that enters it from outside holding a
     host directory (as a descriptor and as its cwd), then sleeps in the task's pid namespace: it goes
     when the sandbox's init does (zap_pid_ns_processes). Its environment is empty: the launcher's
     carries the planted secret, which only the descriptors promise is about here. The task is stopped
     (SIGSTOP) from its release until EXEC_LATE_SHOWN after the entry: the way out is there while the task
     lives, which a task that ends a few milliseconds after its release would otherwise not guarantee
-    (measured: one such control run in a loaded CI run ended before the host's next look)."""
-    import select
+    (measured: one such control run in a loaded CI run ended before the host's next look).
+
+    `helper` (--helper-late): the process is started in the sandbox BEFORE the host's handshake look,
+    holding nothing that leads out, and is handed the host directory over a unix socket after the
+    release: the sandbox's own helper comes to hold a way out the handshake judged clean."""
     import signal
+    import socket  # noqa: F401  # before the fork, for _helper (the child cannot import once inside)
 
     import prctl  # before the fork: the child cannot import once inside (untyped: see join)
 
     bwrap = subprocess.Popen([*body, *cmd], stdout=subprocess.PIPE)
     waiting: list[int] = []
-    forwarder = threading.Thread(target=_forward, args=(bwrap, cmd, waiting), daemon=True)
+    joiners: list[int] = []
+    report, report_w = os.pipe()
+    go_r, go = os.pipe()
+
+    def start_helper(task: int) -> None:
+        host_dir = os.open(_layout_root(spec), os.O_RDONLY | os.O_DIRECTORY)
+        sys.stderr.flush()
+        child = os.fork()
+        if child == 0:  # pragma: no cover - child
+            os.close(go)
+            os.close(report)
+            _helper(task, host_dir, prctl, report_w, go_r)
+        joiners.append(child)
+        os.close(host_dir)
+        _read_line(report)  # its pid: it is there before the line goes on
+
+    forwarder = threading.Thread(
+        target=_forward, args=(bwrap, cmd, waiting, start_helper if helper else None), daemon=True)
     forwarder.start()
-    joiner = None
     try:
         # Released: the task was seen waiting for the host's release and is no longer (the lifecycle
         # launch is never released: its launcher is SIGKILLed while this waits).
@@ -444,17 +545,18 @@ def exec_late(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object
             task = None  # over already: nothing to hand a way out to
         if task is not None:
             try:
-                host_dir = os.open(_layout_root(spec), os.O_RDONLY | os.O_DIRECTORY)
-                r, w = os.pipe()
-                sys.stderr.flush()
-                joiner = os.fork()
-                if joiner == 0:  # pragma: no cover - child
-                    _join(task, host_dir, prctl, w)
-                os.close(w)
-                os.close(host_dir)
-                if select.select([r], [], [], EXEC_LATE_WAIT)[0] and os.read(r, 32).strip():
+                if helper:
+                    os.write(go, b"1")
+                else:
+                    host_dir = os.open(_layout_root(spec), os.O_RDONLY | os.O_DIRECTORY)
+                    sys.stderr.flush()
+                    joiners.append(os.fork())
+                    if joiners[-1] == 0:  # pragma: no cover - child
+                        _join(task, host_dir, prctl, report_w)
+                    os.close(host_dir)
+                os.close(report_w)
+                if _read_line(report):  # the sleeper's pid, or the helper's "held"
                     time.sleep(EXEC_LATE_SHOWN)
-                os.close(r)
             finally:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(task, signal.SIGCONT)
@@ -465,8 +567,11 @@ def exec_late(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object
         if bwrap.poll() is None:
             bwrap.kill()
             bwrap.wait()
-        if joiner is not None:
-            os.waitpid(joiner, 0)  # its sleeper went with the sandbox's pid namespace
+        for fd in (report, report_w, go_r, go):
+            with contextlib.suppress(OSError):
+                os.close(fd)  # the go pipe's end: a helper never handed anything stops waiting
+        for joiner in joiners:
+            os.waitpid(joiner, 0)  # its process went with the sandbox's pid namespace
 
 
 # ---- adversaries: a sandbox author who wants a green run (issue 11) ---------------------------------
@@ -991,8 +1096,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             cmd = [python, "-I", "-S", "-c", LANDLOCK, args.landlock_refuse, str(LANDLOCK_WRITES), *cmd]
         if args.join:
             return join(body, cmd, spec)
-        if args.exec_late:
-            return exec_late(body, cmd, spec)
+        if args.exec_late or args.helper_late:
+            return exec_late(body, cmd, spec, helper=args.helper_late)
         if args.offer_proxy:
             return offer_proxy(body, cmd, spec)
         os.execv(body[0], [*body, *cmd])

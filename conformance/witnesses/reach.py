@@ -104,9 +104,10 @@ def _reach(task: Task) -> dict[str, Any]:
 def test_the_task_holds_no_descriptor_that_leads_out(sbxc_task: Task) -> None:
     host = {} if _task_view(sbxc_task) else _reach(sbxc_task)
     held = [f"pid {d['pid']} fd {d['fd']} -> {d['link']}: {d['why']}" for d in host.get("descriptors", [])]
-    # A process that entered the task's pid namespace after the handshake (`runc exec`) is the task's too.
-    held += [f"pid {d['pid']} (entered after the handshake) {d['fd']} -> {d['link']}: {d['why']}"
-             for d in sbxc_task.joined_late]
+    # What the sandbox's helpers came to hold after the handshake, or a process that entered the task's
+    # pid namespace since (`runc exec`), is the task's too.
+    held += [f"pid {d['pid']} ({d['who']}) fd {d['fd']} -> {d['link']}: {d['why']}"
+             for d in sbxc_task.held_late]
     inside = _inside(sbxc_task, "descriptors")
     # From inside: a directory the task can climb out of, a socket that is connected or listening.
     walked = [
