@@ -800,6 +800,13 @@ HARNESS_ENFORCED: frozenset[str] = frozenset(
     key(t) for t in (CGROUP_OWN_LEAF, CGROUP_OOM, CGROUP_PIDS, CGROUP_KILL, CGROUP_NEIGHBOUR)
 )
 
+# Witnesses a task with no sandbox keeps only on a quiet host: it shares the host's mount namespace,
+# where a mount anything else makes or removes (a container engine's shm and overlay mounts) shows up
+# between two looks. Measured: a podman run beside the unsandboxed baseline turned `unchanged` red with
+# its container's `userdata/shm` mount. Declared collateral of the unsandboxed baseline, never required
+# red by it (its controls are late_seccomp, decoy and forged_document).
+HOST_SHARED: frozenset[str] = frozenset(key(t) for t in (UNCHANGED,))
+
 UNSANDBOXED = "unsandboxed"
 
 
@@ -954,5 +961,10 @@ def unsandboxed(
         + tuple(
             Collateral(_w(k), "file modes keep it for an unprivileged task, sandbox or not: not judged")
             for k in sorted(set(passed) & by_modes)
+        )
+        + tuple(
+            Collateral(_w(k), "the task shares the host's mount namespace, where anything else on the host "
+                       "may mount or unmount between two looks: not judged")
+            for k in sorted(set(passed) & HOST_SHARED)
         ),
     )

@@ -404,6 +404,16 @@ def test_the_unsandboxed_baseline_does_not_require_the_harness_enforced_cgroup_w
     assert [x.test for x in c.collateral] == [f"witnesses/limits.py::{leaf}"]  # named where it lives
 
 
+def test_the_unsandboxed_baseline_may_see_the_hosts_mounts_change_under_it() -> None:
+    # A task in the host's mount namespace sees every mount the host's other workloads make: `unchanged`
+    # is neither required red nor an undeclared change there.
+    unchanged = controls.key(controls.UNCHANGED)
+    c = controls.unsandboxed([f"witnesses/lifecycle.py::{unchanged}", f"witnesses/paths.py::{A}"], {})
+    assert [controls.key(t) for t in c.reddens] == [A]
+    [declared] = c.collateral
+    assert controls.key(declared.test) == unchanged and "mount namespace" in declared.reason
+
+
 def test_a_not_applicable_control_is_not_run() -> None:
     nested = controls.by_name()["nested_userns_enabled"]
     fake = FakeWitness({(): junit(case(A))})
