@@ -20,8 +20,11 @@ here: reaping another launch's launcher would take its exit status from the thre
 What no claim covers is an orphan neither launch can place: a daemon a launcher double-forked out of
 its session before anything could see it. Both launches then report it, which is true of each (a
 sandbox that leaves daemons leaves them from every launch), and no launch kills what it found until
-every launch has judged (Claims.judged, wait_judged): the first to look cannot remove what the other
-has yet to see."""
+every launch under way has judged (Claims.started, judged, wait_judged): the first to look cannot
+remove what the other has yet to see. A launch not started yet is not waited for: it has nothing to
+see yet, and the lifecycle and terminal launches run one after the other in one thread, so the
+lifecycle launch waiting for the terminal one's judgement waited its whole kill_wait (30 s) for a
+launch that could only start once it returned (issue 28: a witness stopped by SIGINT took 33 s)."""
 
 from __future__ import annotations
 
@@ -46,18 +49,25 @@ NONE = Claimed()
 
 
 class Claims:
-    """The claims of a fixed set of launches (their keys, known before any starts), and which of them
-    have judged their leftovers (or ended without judging: `judged` from a `finally`)."""
+    """The claims of a fixed set of launches (their keys, known before any starts), which of them are
+    under way (`started`, before the launch starts anything), and which of those have judged their
+    leftovers (or ended without judging: `judged` from a `finally`)."""
 
     def __init__(self, keys: Iterable[str]) -> None:
         self._lock = threading.Lock()
         self._pids: dict[str, set[tuple[int, int]]] = {k: set() for k in keys}
         self._pidns: dict[str, set[str]] = {k: set() for k in self._pids}
         self._sids: dict[str, set[int]] = {k: set() for k in self._pids}
-        self._pending = set(self._pids)
+        self._pending: set[str] = set()
         self._all_judged = threading.Event()
-        if not self._pending:
-            self._all_judged.set()
+        self._all_judged.set()
+
+    def started(self, key: str) -> None:
+        """`key`'s launch is about to start: from now on, every other launch's kill waits for its
+        judgement."""
+        with self._lock:
+            self._pending.add(key)
+            self._all_judged.clear()
 
     def add(self, key: str, *, pids: Iterable[tuple[int, int]] = (), pidns: str | None = None,
             sid: int | None = None) -> None:
@@ -83,5 +93,5 @@ class Claims:
                 self._all_judged.set()
 
     def wait_judged(self, timeout: float) -> bool:
-        """Every launch has judged (True), or `timeout` passed."""
+        """Every launch under way has judged (True), or `timeout` passed."""
         return self._all_judged.wait(timeout)

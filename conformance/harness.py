@@ -381,6 +381,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
                     self._made(key)
             return got
         self._claims = claims.Claims(("main", *more))
+        self._claims.started("main")
         # One thread for the two, one after the other: three sandboxes at once on two cores was slower
         # still (measured: 477 against 464 ms, medians of 25).
         beside = Background(self._made, *more, name="sbxc-launch-more")
@@ -392,6 +393,10 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
 
     def _made(self, *keys: str) -> None:
         for key in keys:
+            if self._claims is not None:
+                # Only now: the launches after this one in this thread cannot start before it returns,
+                # so its clean-up must not wait for their judgement (conformance/claims.py).
+                self._claims.started(key)
             try:
                 if key == "lifecycle":
                     self._lifecycle = _or_error(self._lifecycle_launch)

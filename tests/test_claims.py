@@ -90,6 +90,8 @@ def test_descendants_are_the_whole_tree_below_a_process() -> None:
 
 def test_no_launch_kills_before_every_launch_has_judged() -> None:
     book = claims.Claims(("main", "end"))
+    book.started("main")
+    book.started("end")
     book.judged("end")
     assert not book.wait_judged(0.05)
     later = threading.Timer(0.05, book.judged, ("main",))
@@ -97,6 +99,23 @@ def test_no_launch_kills_before_every_launch_has_judged() -> None:
     assert book.wait_judged(10)
     later.join()
     assert claims.Claims(()).wait_judged(0)
+
+
+def test_a_launch_not_started_yet_holds_no_one_up() -> None:
+    # The lifecycle and terminal launches run one after the other in one thread: the lifecycle launch,
+    # finding leftovers, waited its whole kill_wait for the terminal launch's judgement, which could
+    # only come after it returned (a witness stopped by SIGINT took 33 s, issue 28).
+    book = claims.Claims(("main", "lifecycle", "terminal"))
+    book.started("main")
+    book.started("lifecycle")
+    book.judged("lifecycle")
+    assert not book.wait_judged(0.05)  # main is under way
+    book.judged("main")
+    assert book.wait_judged(0)  # terminal has not started: nothing of it to wait for
+    book.started("terminal")
+    assert not book.wait_judged(0.05)  # under way now
+    book.judged("terminal")
+    assert book.wait_judged(0)
 
 
 def test_procfs_reads_what_os_reads() -> None:
