@@ -33,7 +33,6 @@ from witness_cli import REPO, junit, witness
 from sandbox_conformance.conformance import adapters, plan
 from sandbox_conformance.conformance import profile as P
 from sandbox_conformance.conformance.adapters import codex, srt
-from sandbox_conformance.processes import owner
 
 TEST_USER = os.environ.get("SANDBOX_CONFORMANCE_TEST_USER", "sbxc-test")
 
@@ -136,28 +135,6 @@ def test_the_agent_tools_get_an_allowlisted_environment_not_the_launchers() -> N
     env = {"PATH": "/usr/bin", "LANG": "C.UTF-8", "SANDBOX_CONFORMANCE_CANARY_SECRET": "s", "AWS_KEY": "k"}
     assert srt.tool_env(env, HOME="/w") == {"PATH": "/usr/bin", "LANG": "C.UTF-8", "HOME": "/w"}
     assert srt.tool_env({})["PATH"] == srt.SYSTEM_PATH
-
-
-def test_codex_keeps_its_own_files_in_a_directory_of_the_launch_that_goes_with_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A stand-in for Codex that does what 0.171.0 does with its TMPDIR (strace): a lock directory there.
-    fake = tmp_path / "codex.sh"
-    fake.write_text('echo "$TMPDIR" > "$HOME/tmpdir"\n'
-                    'mkdir "$TMPDIR/codex-bwrap-synthetic-mount-targets-0"\n')
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.setattr(codex, "cli", lambda env: fake)
-    monkeypatch.setattr(codex, "node", lambda env: "/bin/sh")
-    monkeypatch.setattr(codex, "read_spec", lambda env: ({"workdir": str(work), "state": str(tmp_path / "s"),
-                                                          "user_tmp": str(tmp_path / "t")}, None))
-    monkeypatch.setattr(codex, "codex_home", lambda: tmp_path / "home")
-    monkeypatch.setattr(codex, "filesystem", lambda spec, launcher_dir: {})
-    monkeypatch.chdir(work)
-    assert codex.main(["--", "/bin/true"]) == 0
-    used = Path((work / "tmpdir").read_text().strip())
-    assert used.name.startswith(codex.OWN_PREFIX) and owner.owned(used.name), used
-    assert not used.exists()  # gone with the launch, the lock directory in it too
 
 
 def test_the_codex_permissions_profile_is_toml_codex_can_parse() -> None:

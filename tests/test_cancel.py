@@ -140,13 +140,12 @@ def test_the_prefixes_swept_are_the_ones_the_modules_create() -> None:
         assert swept(prefix) and f'prefix=f"{prefix}{{owner.stamp()}}' in text[where], prefix
     # Named by a constant where they are made: srt's own directory, mr-check's verdict scratch, run's
     # witness report scratch, the rootless podman probe's scratch.
-    from sandbox_conformance.conformance.adapters import codex, srt
+    from sandbox_conformance.conformance.adapters import srt
     from sandbox_conformance.mrcheck import tiers as mr_tiers
     from sandbox_conformance.probes import container_engine
     from sandbox_conformance.runners import orchestrate
 
     for prefix, const, where in ((srt.OWN_PREFIX, "OWN_PREFIX", "conformance/adapters/srt.py"),
-                                 (codex.OWN_PREFIX, "OWN_PREFIX", "conformance/adapters/codex.py"),
                                  (mr_tiers.SCRATCH_PREFIX, "SCRATCH_PREFIX", "mrcheck/tiers.py"),
                                  (orchestrate.REPORT_PREFIX, "REPORT_PREFIX", "runners/orchestrate.py"),
                                  (container_engine.SCRATCH_PREFIX, "SCRATCH_PREFIX",

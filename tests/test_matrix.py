@@ -67,10 +67,7 @@ def residue_now() -> dict[str, set[str]]:
     return {
         "defaults": defaults,
         "dirs": {p.name for p in tmp.glob("sbxc-pm-*")} | {p.name for p in tmp.glob("sbxc-oci-*")}
-        | {p.name for p in tmp.glob("sbxc-nspawn-*")} | {p.name for p in tmp.glob("sbxc-matrix-*")}
-        | {p.name for p in tmp.glob("sbxc-codex-*")} | {p.name for p in tmp.glob("sbxc-srt-*")}
-        # Codex's lock directory, kept in its TMPDIR (conformance/adapters/codex.py).
-        | {p.name for p in Path("/tmp").glob("codex-bwrap-synthetic-mount-targets-*")},
+        | {p.name for p in tmp.glob("sbxc-nspawn-*")} | {p.name for p in tmp.glob("sbxc-matrix-*")},
         "processes": procs,
         "hierarchies": {ln for ln in Path("/proc/self/cgroup").read_text().splitlines() if "sbxc" in ln},
         "cgroups": cgroup_dirs(),

@@ -15,12 +15,7 @@ given with `-c` (Codex's config overrides, parsed as TOML), so nothing of it liv
                                     {state}/db = "none", {neighbour_control} = "none", {other_user} = "none" }
 CODEX_HOME is a directory of the caller's own outside /tmp (~/.cache/sandbox-conformance/codex-home):
 Codex writes its helper's alias there and refuses to do so under the temp dir (then the sandbox cannot
-start: "execvp codex-linux-sandbox"). HOME is the task's workdir, as for the other adapters. TMPDIR is
-a fresh directory of the launch's own, removed once Codex has exited: Codex keeps a lock directory
-there (codex-bwrap-synthetic-mount-targets-UID, measured with strace), which would otherwise stay in
-/tmp. /tmp/codex-daemon-UID is Codex's own, made there whatever TMPDIR says and masked by a mode-000
-tmpfs in every sandbox Codex makes: left alone (a Codex sandbox beside ours may have it as a mount
-point, and rmdir(2) of a mount point in another namespace detaches that mount there).
+start: "execvp codex-linux-sandbox"). HOME is the task's workdir, as for the other adapters.
 
 Launcher command (the witness appends `python3 -I -S -`, run here with the pinned /usr/bin/python3):
     PYTHON -m sandbox_conformance.conformance.adapters.codex --
@@ -35,7 +30,6 @@ import pwd
 import shlex
 import shutil
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -52,7 +46,6 @@ from sandbox_conformance.conformance.adapters.srt import (
     run,
     tool_env,
 )
-from sandbox_conformance.processes import owner
 
 PACKAGE = "@openai/codex"
 VERSION = "0.171.0"  # pinned: codex.toml describes what this version does
@@ -60,7 +53,6 @@ PROFILE = "sbxc"
 # The native binary the npm package's launcher (bin/codex.js) executes, by platform package.
 NATIVE = {"x86_64": ("@openai/codex-linux-x64", "x86_64-unknown-linux-musl")}
 HOME_DIR = ".cache/sandbox-conformance/codex-home"
-OWN_PREFIX = "sbxc-codex-"  # the launch's TMPDIR, with the owner's stamp (processes/owner.py sweeps it)
 
 
 def node(env: Mapping[str, str]) -> str:
@@ -146,15 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EX_USAGE
     # Codex passes its environment to the command (and its helper, PID 1 inside, keeps it): the tool
     # gets the allowlisted names only, so the launcher's secrets stay with the launcher.
+    env = tool_env(os.environ, CODEX_HOME=str(home), HOME=spec["workdir"])
     here = os.getcwd()
     own_dir = launcher_dir_entries(spec, here, os.listdir(here))
-    own = Path(tempfile.mkdtemp(prefix=f"{OWN_PREFIX}{owner.stamp()}-"))
-    try:
-        env = tool_env(os.environ, CODEX_HOME=str(home), HOME=spec["workdir"], TMPDIR=str(own))
-        argv = [exe, str(js), "sandbox", *overrides(spec, own_dir), "--", *cmd]
-        return run(argv, env=env, cwd=spec["workdir"])
-    finally:
-        shutil.rmtree(own, ignore_errors=True)
+    return run([exe, str(js), "sandbox", *overrides(spec, own_dir), "--", *cmd], env=env, cwd=spec["workdir"])
 
 
 if __name__ == "__main__":
