@@ -555,21 +555,14 @@ def helpers(seen: Seen, proc: Path = Path("/proc")) -> dict[int, int]:
     or by asking. The task's own descendants are its trials, judged from inside."""
     out: dict[int, int] = {}
     for p in seen.reached.get("pids", []):
-        if p == seen.pid or _descends(p, seen.pid, proc):
-            continue
-        with contextlib.suppress(OSError, ValueError):
-            out[p] = int(stat_fields(procfs.read_small(f"{proc}/{p}/stat"))["starttime"])
+        if p != seen.pid and not _descends(p, seen.pid, proc) and (start := host_task(p, proc)) is not None:
+            out[p] = start
     return out
 
 
 def still(started: Mapping[int, int], proc: Path = Path("/proc")) -> list[int]:
     """The processes of `started` ({pid: start time}) that still run (not a later one with a reused pid)."""
-    out = []
-    for p, start in started.items():
-        with contextlib.suppress(OSError, ValueError):
-            if int(stat_fields(procfs.read_small(f"{proc}/{p}/stat"))["starttime"]) == start:
-                out.append(p)
-    return out
+    return [p for p, start in started.items() if host_task(p, proc) == start]
 
 
 def joined(seen: Seen, host_pidns: str, classified: dict[int, bool], proc: Path = Path("/proc")) -> list[int]:
