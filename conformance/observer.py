@@ -569,14 +569,13 @@ def joined(seen: Seen, host_pidns: str, classified: dict[int, bool], proc: Path 
     """The processes in the task's own pid namespace that were not there at the handshake and do not
     descend from the task: what entered it from outside since (`runc exec`, `docker exec`, nsenter).
     `classified` (pid -> joined), carried from look to look, starts as every host process at the
-    handshake: a process enters a pid namespace only by being forked into it (setns(2) moves the
-    caller's children, never the caller), so only a pid not yet seen is read, once. A look then costs
+    handshake, and the task and every process the handshake reached (judged there): a process enters a
+    pid namespace only by being forked into it (setns(2) moves the caller's children, never the
+    caller), so only a pid not yet seen is read, once. A look then costs
     one pass over /proc's entries: a joined process lives no longer than the task's pid namespace."""
     pidns = seen.namespaces.get("pid", "")
     if not pidns or pidns.startswith("error") or pidns == host_pidns:
         return []  # no namespace of its own: nothing can join it
-    for p in (seen.pid, *seen.reached.get("pids", [])):
-        classified[p] = False  # judged at the handshake
     for name in procfs.pids(proc):
         p = int(name)
         if p not in classified:
@@ -1152,6 +1151,8 @@ class Watch:
             host_pidns=self.host_namespaces.get("pid", ""),
         )
         self.host_devices = mountinfo.devices(host_mounts)
+        # Judged here: never "joined" later, even one born between the listing above and the read.
+        self._classified.update(dict.fromkeys((self.seen.pid, *self.seen.reached.get("pids", [])), False))
         self._helpers = helpers(self.seen)
         self._claim_task(self.seen)
         self._reference = snapshot(pids[0])

@@ -256,13 +256,15 @@ def test_a_process_that_enters_the_tasks_pid_namespace_later_is_found_and_its_de
     entered = None
     try:
         task = _first_child(sandbox.pid, "sleep")
-        _first_child(task, "sleep")  # the task's own child
+        child = _first_child(task, "sleep")  # the task's own child
         seen = observer.Seen(pid=task, namespaces={"pid": _pidns(task)}, status={}, environ={}, mounts=(),
                              cgroup="", proc_stat={}, reached={"pids": [task]})
         host = _pidns(os.getpid())
-        # The handshake's listing of the host's processes (the task among them): only later ones are read.
-        classified = {p: False for p in psutil.pids() if p != task}
-        assert observer.joined(seen, host, classified) == []  # the task's own child descends from it
+        # The handshake's listing of the host's processes and what it reached: only later ones are read.
+        # The child as if born after the listing: read, and the task's own (it descends from the task).
+        classified = {p: False for p in psutil.pids() if p != child}
+        assert observer.joined(seen, host, classified) == []
+        assert classified[child] is False
         entered = subprocess.Popen(["nsenter", "--target", str(task), "--pid", "--", "sleep", "30"],
                                    start_new_session=True)
         inside = _first_child(entered.pid, "sleep")

@@ -480,13 +480,28 @@ def _helper(task: int, host_dir: int, prctl: ModuleType, report: int,  # pragma:
         os._exit(0)
 
 
-def _read_line(fd: int) -> bytes:
-    """One line from a pipe, waiting at most EXEC_LATE_WAIT (empty: nothing came)."""
+def _exited(pid: int) -> bool:
+    """Whether our child `pid` has ended, leaving it to be reaped (waitid(2) WNOWAIT)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _read_line(fd: int, writer: int | None = None) -> bytes:
+    """One line from a pipe, waiting at most EXEC_LATE_WAIT (empty: nothing came). `writer`: the child
+    that is to write it, while we still hold the write end ourselves (no EOF comes when it fails): the
+    wait ends once it has ended."""
     import select
 
     got = b""
     deadline = time.monotonic() + EXEC_LATE_WAIT
-    while not got.endswith(b"\n") and select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+    while not got.endswith(b"\n") and (left := deadline - time.monotonic()) > 0:
+        ended = writer is not None and _exited(writer)  # before the select: what it wrote is there
+        if not select.select([fd], [], [], 0 if ended else min(left, 0.05))[0]:
+            if ended:
+                break
+            continue
         chunk = os.read(fd, 1)
         if not chunk:
             break
@@ -528,7 +543,7 @@ def exec_late(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object
             _helper(task, host_dir, prctl, report_w, go_r)
         joiners.append(child)
         os.close(host_dir)
-        _read_line(report)  # its pid: it is there before the line goes on
+        _read_line(report, child)  # its pid: it is there before the line goes on
 
     forwarder = threading.Thread(
         target=_forward, args=(bwrap, cmd, waiting, start_helper if helper else None), daemon=True)
