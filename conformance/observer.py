@@ -510,13 +510,25 @@ def held(pids: Sequence[int], mounts: Sequence[mountinfo.Mount], namespaces: Map
             continue
         for n in names:
             try:
-                link = procfs.readlink(base / "fd" / n)
+                link = _link(base / "fd" / n)
                 why = _why_out(link, base, n, mount_ids, socks, own, members, allowed)
             except OSError:
                 continue  # closed since the listing
             if why:
                 out.append({"pid": p, "fd": int(n), "link": link, "why": why})
     return out[:100]
+
+
+def _link(path: Path) -> str:
+    """A /proc magic link's text, or what kept it unread: the verdict rests on stat and fdinfo, which
+    follow the link itself, so a path the kernel cannot spell (d_path's ENAMETOOLONG past a page: a
+    directory nested deeper than 4096 bytes) is still judged. ENOENT: closed, or gone."""
+    try:
+        return procfs.readlink(path)
+    except OSError as e:
+        if isinstance(e, FileNotFoundError | ProcessLookupError):
+            raise
+        return f"(unreadable: {errname(e)})"
 
 
 def _why_out(link: str, base: Path, n: str, mount_ids: set[int], socks: Container[int], own: set[str],
@@ -616,7 +628,7 @@ def places_out(pids: Sequence[int], mounts: Sequence[mountinfo.Mount],
                 continue  # gone, or not ours to read
             try:
                 mnt = _fdinfo(Path(f"/proc/self/fdinfo/{fd}")).get("mnt_id", "")
-                link = procfs.readlink(proc / str(p) / what)
+                link = _link(proc / str(p) / what)
             except OSError:
                 continue
             finally:
@@ -741,7 +753,9 @@ def what_it_reaches(
     out: dict[str, Any] = {"pids": pids}
     # A process of the task's whose cwd or root is on a mount of another namespace is a way out too:
     # the task reaches it through /proc/PID/cwd (where ptrace access allows) or, as that process, by `..`.
-    out["descriptors"] = [*held(pids, mounts, namespaces, asked.devices, proc),
+    # The task's own network namespace judges sockets: `pids` is sorted, and its first is usually the
+    # sandbox's init, which may stay in the host's while the task has one of its own.
+    out["descriptors"] = [*held(pids, mounts, namespaces, asked.devices, proc, task=pid),
                           *places_out(pids, mounts, proc)]
     if asked.secret:
         carriers = []
@@ -950,6 +964,8 @@ def kill(procs: Sequence[Mapping[str, Any]], proc: Path = Path("/proc")) -> None
 SNAPSHOT_STATUS = ("CapEff", "CapPrm", "CapBnd", "NoNewPrivs", "Seccomp")
 # The unannounced looks: at random intervals in this range (seconds), from the launch on.
 LOOK_EVERY = (0.005, 0.03)
+# How long a task that still runs may stay unreadable at the looks before that is a change (Watch._unread).
+UNREAD_SECONDS = 1.0
 # lifecycle: how long the task may take to go once its launcher is SIGKILLed.
 LIFECYCLE_SECONDS = 5.0
 
@@ -967,7 +983,8 @@ def snapshot(pid: int, proc: Path = Path("/proc")) -> dict[str, Any] | None:
         out["cwd"] = _dev_ino(os.stat(base / "cwd"))
     except OSError:
         # Gone, or going: an exiting process's /proc files answer ENOENT, ESRCH or EINVAL. No reading
-        # is no look, never a change (the look at the handshake itself must succeed, see `read`).
+        # is no look, never a change (the look at the handshake itself must succeed, see `read`), unless
+        # the task still runs long after (Watch._unread).
         return None
     return out
 
@@ -1040,6 +1057,9 @@ class Watch:
         self._classified: dict[int, bool] = {}
         self._helpers: dict[int, int] = {}
         self._followed: int | None = None
+        self._followed_start: int | None = None
+        self._unread_since: float | None = None
+        self._unread_told = False
         self._early: list[dict[str, Any]] = []
         self._reference: dict[str, Any] | None = None
         self._stop = threading.Event()
@@ -1074,15 +1094,33 @@ class Watch:
                 self._followed = pids[0]
             snap = snapshot(self._followed)
             if snap is None:
-                if self.signalled.is_set():
+                if self.signalled.is_set() and not self._unread(self._followed):
                     return  # gone after the handshake: the task is over
                 continue
+            self._unread_since = None
             self.looks += 1
             if not self.signalled.is_set():
                 self._early.append(snap)
             elif self._reference is not None:
                 self._compare(snap, "after the handshake")
                 self._look_later()
+
+    def _unread(self, pid: int) -> bool:
+        """A look after the handshake could not read the task: whether it still runs (then the looks go
+        on). One that still runs UNREAD_SECONDS after the first such look is a change: what the host
+        cannot read it cannot compare (a cwd on a FUSE mount that answers EIO would otherwise end the
+        looks for good). Not at once: an exiting task's cwd and root go before it is a zombie."""
+        started = host_task(pid)
+        if started is None or started != self._followed_start:
+            return False
+        now = time.monotonic()
+        if self._unread_since is None:
+            self._unread_since = now
+        elif now - self._unread_since >= UNREAD_SECONDS and not self._unread_told:
+            self._unread_told = True
+            self.changes.append(f"the host could not read the task (pid {pid}) for {UNREAD_SECONDS:g}s while "
+                                "it still ran: nothing was compared then")
+        return True
 
     def _look_later(self) -> None:
         """The handshake judged every process then in the task's pid namespace, once. Here, at every later
@@ -1159,6 +1197,7 @@ class Watch:
         if self._followed is not None and self._followed != pids[0]:
             self.changes.append(f"the looks followed pid {self._followed}, the handshake found pid {pids[0]}")
         self._followed = pids[0]
+        self._followed_start = host_task(pids[0])
         if self._reference is None:
             self.changes.append("the host could not read the task again right after its handshake look")
         else:

@@ -137,6 +137,8 @@ def minimal_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 STOP_GRACE = kills.STOP_GRACE  # SIGTERM, this long, then SIGKILL (processes/kills.py says why)
+# After a timeout's group kill: how long the pipes may take to reach EOF.
+DRAIN_SECONDS = 5.0
 
 
 def kill_group(pgid: int, reason: str = "its leader had exited: what it left in its group") -> None:
@@ -288,7 +290,18 @@ def run(
                              pid=proc.pid, started=started, exited=exited)
         except subprocess.TimeoutExpired:
             kill_group(proc.pid, f"our timeout ({timeout:g} s)")
-            out, err = proc.communicate()
+            try:
+                out, err = proc.communicate(timeout=DRAIN_SECONDS)
+            except subprocess.TimeoutExpired:
+                # The group is dead, but a process that left it (setsid) still holds its stdout or
+                # stderr: communicate() would wait for that process's end (it waits for EOF, not for the
+                # leader). What came is dropped with the pipes.
+                for stream in (proc.stdout, proc.stderr):
+                    if stream is not None:
+                        stream.close()
+                proc.wait()
+                out, err = "", (f"{argv[0]}: its output was still held open {DRAIN_SECONDS:g} s after its "
+                                "group was killed, by a process outside the group: not read")
             return Completed(argv, None, out or "", err or "", time.monotonic() - started, timed_out=True,
                              pid=proc.pid, started=started)
         except BaseException:

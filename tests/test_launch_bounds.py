@@ -119,3 +119,18 @@ def test_a_setsid_daemon_of_a_launcher_that_hangs_is_killed_after_the_launch_tim
     assert done.returncode == 1, done.stdout[-2000:]
     assert "timed out" in done.stdout
     assert not survived, f"the launcher's setsid daemon {daemon} outlived the witness run"
+
+
+def test_a_timed_out_child_whose_output_a_setsid_daemon_holds_returns_within_a_bound() -> None:
+    # Without hooks, run() read to EOF: after the timeout's group kill it called communicate() with no
+    # bound, and a daemon out of the group (setsid) holding stdout kept it there for the daemon's life.
+    marker = f"sbxc-drain-{os.getpid()}"
+    began = time.monotonic()
+    try:
+        daemon = f"setsid {sys.executable} -c 'import time; time.sleep(300)' {marker} &"
+        done = run_mod.run(["sh", "-c", f"{daemon} echo hi; sleep 60"], timeout=1)
+        assert done.timed_out
+        assert time.monotonic() - began < 1 + run_mod.DRAIN_SECONDS + 5
+        assert "still held open" in done.stderr
+    finally:
+        os.system(f"pkill -KILL -f '{marker}$'")

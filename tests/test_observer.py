@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -342,3 +343,102 @@ def test_what_a_helper_of_the_sandbox_comes_to_hold_after_the_handshake_is_found
         for p in (helper, task):
             p.kill()
             p.wait()
+
+
+def test_a_directory_too_deep_for_its_path_to_be_spelled_is_still_judged(tmp_path: Path) -> None:
+    # readlink(2) of /proc/PID/fd/N or /proc/PID/cwd fails with ENAMETOOLONG past a page (d_path); the
+    # verdict rests on stat and fdinfo, which follow the link itself. Before, the descriptor and the
+    # cwd were skipped as "closed since the listing".
+    top = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    fd = top
+    for _ in range(25):  # 25 x 201 bytes: past 4096
+        os.mkdir("d" * 200, dir_fd=fd)
+        deeper = os.open("d" * 200, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = deeper
+    holder = subprocess.Popen([sys.executable, "-c", "import os,sys,time; os.fchdir(int(sys.argv[1])); "
+                               "time.sleep(30)", str(fd)], pass_fds=[fd], stdin=subprocess.DEVNULL)
+    try:
+        os.close(fd)
+        deadline = time.monotonic() + 10
+        while os.stat(f"/proc/{holder.pid}/cwd").st_ino != os.stat(f"/proc/{holder.pid}/fd/{fd}").st_ino:
+            assert time.monotonic() < deadline, "the holder never moved its cwd"
+            time.sleep(0.01)
+        mounts = mountinfo.parse(Path(f"/proc/{holder.pid}/mountinfo").read_text())
+        serving = mountinfo.serving(mounts, str(tmp_path))
+        assert serving is not None
+        others = [m for m in mounts if m.mount_id != serving.mount_id]
+        found = [*observer.held([holder.pid], others, {}, {}), *observer.places_out([holder.pid], others)]
+        where = {(d["fd"], d["link"]) for d in found if d["fd"] in (fd, "cwd")}
+        assert all(f"(mount {serving.mount_id})" in d["why"] for d in found if d["fd"] in (fd, "cwd"))
+        assert where == {(fd, "(unreadable: ENAMETOOLONG)"), ("cwd", "(unreadable: ENAMETOOLONG)")}, found
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_sockets_are_judged_in_the_tasks_network_namespace_not_the_sandbox_inits(root_only: None) -> None:
+    # The sandbox's init (the lowest pid of the task's pid namespace) stays in the host's network
+    # namespace; the task has one of its own and holds a socket made in the host's. Before, the
+    # handshake read the socket tables of the init's namespace, where that socket is listed: green.
+    holder = (
+        "import os,socket,sys; s=socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); s.bind(sys.argv[1]); "
+        "os.set_inheritable(s.fileno(), True); print(s.fileno(), flush=True); "
+        "os.execvp('unshare', ['unshare', '--net', 'sleep', '30'])"
+    )
+    sock = f"/tmp/.sbxc-test-sock-{os.getpid()}"
+    sandbox = subprocess.Popen(["unshare", "--pid", "--fork", "sh", "-c", '"$0" -c "$1" "$2"; sleep 30',
+                                sys.executable, holder, sock],
+                               stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert sandbox.stdout is not None
+        fd = int(sandbox.stdout.readline())
+        init = _first_child(sandbox.pid, "sh")
+        task = _first_child(init, "sleep")
+        deadline = time.monotonic() + 10
+        while _netns(task) == _netns(init):
+            assert time.monotonic() < deadline, "the task never got a network namespace of its own"
+            time.sleep(0.01)
+        assert init < task
+        seen = observer.read(task, asked=observer.Reach(), host_pidns=_pidns(os.getpid()))
+        assert not isinstance(seen.reached, str)
+        assert seen.reached["pids"][0] == init
+        [found] = [d for d in seen.reached["descriptors"] if d["pid"] == task and d["fd"] == fd]
+        assert "another network namespace" in found["why"]
+    finally:
+        os.killpg(sandbox.pid, signal.SIGKILL)
+        sandbox.wait()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(sock)
+
+
+def _netns(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/ns/net")
+
+
+def test_a_task_the_host_cannot_read_while_it_runs_is_a_change_and_the_looks_go_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before, the first look after the handshake that could not read the task (a cwd on a FUSE mount
+    # answering EIO) ended the looks for good, with nothing said: `unchanged` compared nothing after.
+    task = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL)
+    watch = observer.Watch("t", "n", protected=(), host_namespaces={})
+    monkeypatch.setattr(observer, "snapshot", lambda pid, proc=Path("/proc"): None)
+    monkeypatch.setattr(observer, "UNREAD_SECONDS", 0.2)
+    watch._followed, watch._followed_start = task.pid, observer.host_task(task.pid)
+    watch.signalled.set()
+    looker = threading.Thread(target=watch._look, daemon=True)
+    try:
+        looker.start()
+        deadline = time.monotonic() + 10
+        while not watch.changes and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(watch.changes) == 1 and "could not read the task" in watch.changes[0], watch.changes
+        assert looker.is_alive()  # still looking
+        time.sleep(0.3)
+        assert len(watch.changes) == 1  # said once
+    finally:
+        task.kill()
+        task.wait()
+    looker.join(timeout=5)
+    assert not looker.is_alive()  # the task gone: the looks end

@@ -9,11 +9,13 @@ and cleans up what the launcher wrote on the pipe it would clean."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 # The witness's own launch timeout is 30 s by default: the container is stopped, and cleaned up, first.
@@ -31,6 +33,44 @@ def start_guardian(module: str, *guardian_args: str) -> tuple[subprocess.Popen[b
     finally:
         os.close(r)
     return guardian, w
+
+
+# A clean-up command (`runc delete --force`, `podman rm --force`) may hang on a frozen container.
+CLEANUP_TIMEOUT = 20.0
+
+
+def tell(pipe: int, workspace: Path, cid: str) -> None:
+    """Name the workspace and the container to the guardian: one JSON line (a path may hold spaces)."""
+    os.write(pipe, (json.dumps([str(workspace), cid]) + "\n").encode())
+
+
+def told(prefix: str) -> tuple[Path, str] | None:
+    """In the guardian: the workspace and container the launcher named on stdin (see `tell`), or None
+    when the line is not ours (a workspace not named `prefix`...)."""
+    try:
+        named = json.loads(sys.stdin.buffer.readline())
+    except ValueError:
+        return None
+    if not (isinstance(named, list) and len(named) == 2 and all(isinstance(x, str) for x in named)):
+        return None
+    workspace, cid = Path(named[0]), named[1]
+    return (workspace, cid) if workspace.name.startswith(prefix) else None
+
+
+def run_cleanup(argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+    """A clean-up command in a session of its own, its whole group killed after CLEANUP_TIMEOUT: the
+    clean-up after it (the workspace's removal) runs whatever this one did."""
+    proc = subprocess.Popen(list(argv), env=dict(env) if env is not None else None, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        proc.wait(timeout=CLEANUP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        name = os.path.basename(argv[0])
+        print(f"clean-up {name}: no end after {CLEANUP_TIMEOUT:g}s: killed", file=sys.stderr)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def run_with_guardian(

@@ -441,19 +441,12 @@ def unavailable(runtime: str, euid: int | None = None) -> str | None:
 
 def cleanup(runtime: str, workspace: Path, cid: str) -> None:
     """Delete the container (killing it if it still runs) and remove the workspace. Idempotent."""
-    import subprocess
 
     state = workspace / "state"
     if state.is_dir():
         # `delete --force` on a container that already exited and was removed by `run` says
         # "does not exist": nothing to do, so its exit status is not ours to report.
-        subprocess.run(
-            runtime_argv(runtime, state, "delete", "--force", cid),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=20,
-            check=False,
-        )
+        _guardian.run_cleanup(runtime_argv(runtime, state, "delete", "--force", cid))
     shutil.rmtree(workspace, ignore_errors=True)
 
 
@@ -465,10 +458,10 @@ def guardian(runtime: str) -> int:
     harness's stdout pipe open and keep its state and bundle on disk. The workspace carries the
     guardian's stamp, not the launcher's: another run's sweep (processes/owner.py) removes a dead
     owner's directory and kills what names it, and must not race the guardian's own clean-up."""
-    first = sys.stdin.buffer.readline().decode().split()
-    if len(first) != 2 or not Path(first[0]).name.startswith(WORKSPACE_PREFIX):
+    named = _guardian.told(WORKSPACE_PREFIX)
+    if named is None:
         return 2
-    workspace, cid = Path(first[0]), first[1]
+    workspace, cid = named
     while sys.stdin.buffer.read(4096):
         pass
     cleanup(runtime, workspace, cid)
@@ -492,7 +485,7 @@ def launch(runtime: str, args: Sequence[str], spec: Mapping[str, Any], config: M
     start = owner.start_time(guardian.pid)
     stamp = owner.Stamp(guardian.pid, start, owner.host_key()) if start is not None else owner.mine()
     workspace = Path(tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{stamp}-{values['task_id']}-"))
-    os.write(w, f"{workspace} {cid}\n".encode())
+    _guardian.tell(w, workspace, cid)
     state, bundle = workspace / "state", workspace / "bundle"
     # If this launcher and its guardian both die, the sweep that removes the workspace deletes the
     # container first (`delete --force` of an id never created is a harmless error).

@@ -35,7 +35,6 @@ import secrets
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -157,16 +156,11 @@ def cleanup(workspace: Path, cid: str, *, say: bool = False) -> None:
     process, the workspace. Idempotent."""
     env = engine_env(workspace)
     if (workspace / "storage").is_dir():
-        subprocess.run(
-            [*engine_argv(workspace), "rm", "--force", "--time", "0", cid],
-            env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=20, check=False,
-        )
+        _guardian.run_cleanup([*engine_argv(workspace), "rm", "--force", "--time", "0", cid], env=env)
         if os.geteuid() != 0:
             # Rootless storage may hold files of the user namespace's other uids: removed from inside it.
-            subprocess.run(
-                [*engine_argv(workspace), "unshare", "rm", "-rf", str(workspace / "storage")],
-                env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=20, check=False,
-            )
+            storage = str(workspace / "storage")
+            _guardian.run_cleanup([*engine_argv(workspace), "unshare", "rm", "-rf", storage], env=env)
     pid = pause_pid(workspace)
     if pid is not None:
         with contextlib.suppress(ProcessLookupError):
@@ -187,10 +181,10 @@ def guardian() -> int:
     leaves its workspace to the guardian, and another run's sweep (processes/owner.py), which removes a
     dead owner's directory and kills what names it, must not race the guardian's clean-up (measured:
     a pause process left running, and /tmp chmod'ed by the racing removal)."""
-    first = sys.stdin.buffer.readline().decode().split()
-    if len(first) != 2 or not Path(first[0]).name.startswith(WORKSPACE_PREFIX):
+    named = _guardian.told(WORKSPACE_PREFIX)
+    if named is None:
         return 2
-    workspace, cid = Path(first[0]), first[1]
+    workspace, cid = named
     while sys.stdin.buffer.read(4096):
         pass
     cleanup(workspace, cid)
@@ -209,7 +203,7 @@ def launch(args: Sequence[str], spec: Mapping[str, Any]) -> int:
     stamp = owner.Stamp(guardian.pid, start, owner.host_key()) if start is not None else owner.mine()
     workspace = Path(tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{stamp}-", dir=top))
     workspace.chmod(0o755)
-    os.write(w, f"{workspace} {cid}\n".encode())
+    _guardian.tell(w, workspace, cid)
     flags = [expand(f, values) for f in run_flags(workspace)]
     # --name before the rootfs, which (with --rootfs) stands where the image would.
     argv = [*engine_argv(workspace), *flags[:-2], "--name", cid, *flags[-2:], *args]
