@@ -630,17 +630,19 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         if script is not None:
             plan.write_script(script, plan.program(the_plan))
         self.launches += 1
-        done = run(
-            self.argv(script),
-            timeout=self.timeout,
-            input=None if script is not None else plan.program(the_plan),
-            env=env,
-            cwd=str(lay.root),
-            on_line=watch.on_line,
-            after_exit=watch.after_exit,
-            on_start=watch.on_start,
-        )
-        watch.stop_looking()
+        try:
+            done = run(
+                self.argv(script),
+                timeout=self.timeout,
+                input=None if script is not None else plan.program(the_plan),
+                env=env,
+                cwd=str(lay.root),
+                on_line=watch.on_line,
+                after_exit=watch.after_exit,
+                on_start=watch.on_start,
+            )
+        finally:
+            watch.stop_looking()  # run() raising after on_start left the looks going for the process's life
         return {
             **watch.lifecycle_result,
             "survivors": list(watch.survivors or ()),

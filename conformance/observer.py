@@ -947,14 +947,27 @@ def survivors(
 
 
 def kill(procs: Sequence[Mapping[str, Any]], proc: Path = Path("/proc")) -> None:
+    killed = []
     for p in procs:
         with contextlib.suppress(OSError, ValueError):
             if stat_fields(procfs.read_small(proc / str(p["pid"]) / "stat"))["starttime"] == p["starttime"]:
                 kills.kill(p["pid"], signal.SIGKILL, "the observer: a leftover of the launch")
-    for p in procs:
-        if any("orphan" in w for w in p["why"]):
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(p["pid"], 0)  # ours since it was reparented: reap it
+                killed.append(p)
+    # Ours since it was reparented: reaped, but only one we killed (a pid whose start time differs is
+    # another child of ours now, whose status is its Popen's), and within a bound (one in D state
+    # dies only when its sleep ends; survivors() reaps it then, or our exit does).
+    orphans = [p["pid"] for p in killed if any("orphan" in w for w in p["why"])]
+    deadline = time.monotonic() + REAP_SECONDS
+    while orphans:
+        for pid in list(orphans):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    orphans.remove(pid)
+            except ChildProcessError:
+                orphans.remove(pid)
+        if not orphans or time.monotonic() >= deadline:
+            break
+        time.sleep(0.01)
 
 
 # ---- more than one look, and a release only the process looked at receives ---------------------------
@@ -964,6 +977,8 @@ def kill(procs: Sequence[Mapping[str, Any]], proc: Path = Path("/proc")) -> None
 SNAPSHOT_STATUS = ("CapEff", "CapPrm", "CapBnd", "NoNewPrivs", "Seccomp")
 # The unannounced looks: at random intervals in this range (seconds), from the launch on.
 LOOK_EVERY = (0.005, 0.03)
+# How long kill() waits to reap the orphans it killed.
+REAP_SECONDS = 5.0
 # How long a task that still runs may stay unreadable at the looks before that is a change (Watch._unread).
 UNREAD_SECONDS = 1.0
 # lifecycle: how long the task may take to go once its launcher is SIGKILLed.

@@ -318,9 +318,12 @@ def untrack(pgid: int) -> None:
     # and a "done" sent after that was lost. The guardian then stopped a group run() had reaped, whose
     # last members, reparented to us as their subreaper, were zombies only our exit could reap: every
     # stop of a run with a probe's trial under way took the guardian's whole 5 s (bench/signal_bench.py).
-    _tell({"done": -pgid})
-    with _state.lock:
-        _state.groups.pop(pgid, None)
+    # Both steps or neither: a stop signal raised between them (or inside _tell) left the group
+    # registered here, and finish() waited its whole grace for a group nobody would reap again.
+    with deferred():
+        _tell({"done": -pgid})
+        with _state.lock:
+            _state.groups.pop(pgid, None)
 
 
 def undo_on_death(argv: Sequence[str], *, env: Mapping[str, str] | None = None,

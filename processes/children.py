@@ -411,7 +411,11 @@ class Forked:
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
         hold = cancel.deferred().__enter__()  # a stop signal waits until the child is known, as in run()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except BaseException:  # EAGAIN, ENOMEM: no child; the hold goes (or every later signal waits)
+            hold.__exit__(*sys.exc_info())
+            raise
         if pid == 0:  # pragma: no cover (the child; its effects are what the tests see)
             _child(body, parent, set_pdeathsig, die_with)
         self.pid = pid

@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -884,3 +885,47 @@ print(seen)
     done = subprocess.run([sys.executable, "-I", "-c", script], cwd=REPO, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "[(True, True)]", done.stdout + done.stderr
+
+
+def test_a_stop_signal_while_a_group_is_forgotten_forgets_it_whole() -> None:
+    """untrack tells the guardian, then forgets the group. A signal raised between the two (or inside
+    the tell) left the group registered: finish() waited its whole grace for a group run() had reaped."""
+    script = r"""
+import os, signal
+from sandbox_conformance.processes import cancel
+cancel.install("t")
+cancel.begin()
+tell = cancel._tell
+def signalled_tell(msg):
+    if "done" in msg:
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(1000))  # bytecodes for the handler to run between
+    tell(msg)
+cancel._tell = signalled_tell
+cancel.track(4242)
+try:
+    cancel.untrack(4242)
+    print("no Cancelled")
+except cancel.Cancelled:
+    print("groups", dict(cancel._state.groups))
+cancel.uninstall()
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.strip() == "groups {}", done.stdout + done.stderr
+
+
+def test_a_fork_that_fails_releases_the_hold_on_stop_signals(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before, os.fork() raising (EAGAIN under pids.max) left cancel.deferred held: no later stop signal
+    # was ever raised in the main thread.
+    from sandbox_conformance.processes import cancel, children
+
+    def refused() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", refused)
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    before = cancel._state.deferring
+    with pytest.raises(BlockingIOError):
+        children.Forked(lambda: 0)
+    assert cancel._state.deferring == before

@@ -442,3 +442,21 @@ def test_a_task_the_host_cannot_read_while_it_runs_is_a_change_and_the_looks_go_
         task.wait()
     looker.join(timeout=5)
     assert not looker.is_alive()  # the task gone: the looks end
+
+
+def test_killing_leftovers_never_reaps_another_child_that_has_the_pid_now() -> None:
+    # A leftover orphan's pid, now another child of ours (its start time differs): not killed, and not
+    # waited for. Before, waitpid(pid, 0) blocked until that child ended and took its exit status.
+    other = subprocess.Popen(["sh", "-c", "sleep 1; exit 3"])
+    began = time.monotonic()
+    observer.kill([{"pid": other.pid, "starttime": "-1", "why": ["an orphan of the launch"]}])
+    assert time.monotonic() - began < 0.5
+    assert other.wait(timeout=10) == 3
+
+
+def test_a_killed_orphan_is_reaped() -> None:
+    orphan = subprocess.Popen(["sleep", "30"])
+    start = observer.stat_fields(Path(f"/proc/{orphan.pid}/stat").read_text())["starttime"]
+    observer.kill([{"pid": orphan.pid, "starttime": start, "why": ["an orphan of the launch"]}])
+    assert not Path(f"/proc/{orphan.pid}").exists()  # killed and reaped: no zombie left
+    orphan.returncode = -9  # reaped by kill(): Popen must not wait for it
