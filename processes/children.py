@@ -187,11 +187,16 @@ def die_with_parent(sig: int = signal.SIGKILL, *, stderr_is_tty: bool = False) -
     return preexec
 
 
-def stop(proc: subprocess.Popen[str], grace: float = STOP_GRACE) -> None:
-    """The orderly stop of a child's group: SIGTERM, up to `grace` for the leader to exit, SIGKILL."""
+def stop(proc: subprocess.Popen[str], grace: float = STOP_GRACE, *, drain: bool = False) -> None:
+    """The orderly stop of a child's group: SIGTERM, up to `grace` for the leader to exit, SIGKILL.
+    drain: its pipes are ours to read meanwhile (no reader thread has them): a child that writes more
+    than a pipe holds (64 KiB) on its way out would otherwise block there until the SIGKILL."""
     kills.killpg(proc.pid, signal.SIGTERM, "stopped: its caller was interrupted or the run cancelled")
     with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace)
+        if drain and (proc.stdout is not None or proc.stderr is not None):
+            proc.communicate(timeout=grace)
+        else:
+            proc.wait(timeout=grace)
     kill_group(proc.pid, "stopped: the rest of its group after the grace")
     proc.wait()
 
@@ -275,7 +280,7 @@ def run(
             if on_start is not None:
                 on_start(proc.pid)
         except BaseException:
-            stop(proc)
+            stop(proc, drain=on_line is None and after_exit is None)
             if not capture:
                 cancel.stopped_sharing_output()
             raise
@@ -305,7 +310,7 @@ def run(
             return Completed(argv, None, out or "", err or "", time.monotonic() - started, timed_out=True,
                              pid=proc.pid, started=started)
         except BaseException:
-            stop(proc)
+            stop(proc, drain=True)
             if not capture:
                 cancel.stopped_sharing_output()
             raise
@@ -562,7 +567,7 @@ def _streamed(
             line, size = [], 0
 
     # Written once the leader is gone: wakes the terminal's reader at once (it never blocks on the master).
-    leader_gone = os.pipe() if master is not None else None
+    leader_gone: tuple[int, int] | None = None
 
     def read_err() -> None:
         if proc.stderr is not None:
@@ -573,9 +578,12 @@ def _streamed(
 
     readers = [threading.Thread(target=f, daemon=True) for f in (read_out, read_err)]
     threads = [threading.Thread(target=feed, daemon=True), *readers]
-    for t in threads:
-        t.start()
     try:
+        # Inside the try that stops the child: a thread refused (pids.max, RLIMIT_NPROC) or a pipe
+        # refused (EMFILE) left it running, forgotten.
+        leader_gone = os.pipe() if master is not None else None
+        for t in threads:
+            t.start()
         timed_out = not child_exit.wait_exit(proc, timeout)
         exited = time.monotonic()
         if timed_out:

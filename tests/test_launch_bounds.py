@@ -4,6 +4,7 @@ exit (processes/children.py; issue 28)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -134,3 +135,51 @@ def test_a_timed_out_child_whose_output_a_setsid_daemon_holds_returns_within_a_b
         assert "still held open" in done.stderr
     finally:
         os.system(f"pkill -KILL -f '{marker}$'")
+
+
+def test_a_reader_thread_refused_stops_the_child_it_was_to_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Thread.start raising (pids.max, RLIMIT_NPROC) came before the try that stops the child: the
+    # launcher ran on, untracked.
+    import threading
+
+    start = threading.Thread.start
+
+    def refused(self: threading.Thread) -> None:
+        if getattr(self, "_target", None) is not None and self._target.__name__ == "read_err":
+            raise RuntimeError("can't start new thread")
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    pids: list[int] = []
+    with pytest.raises(RuntimeError):
+        run_mod.run(["sleep", "60"], timeout=30, on_line=lambda _: None, on_start=pids.append)
+    monkeypatch.undo()
+    [pid] = pids
+    assert not Path(f"/proc/{pid}").exists()  # stopped and reaped
+
+
+def test_a_child_that_writes_much_on_its_way_out_is_read_while_it_stops() -> None:
+    # run() interrupted (a stop signal in the main thread) stops its child with SIGTERM and a grace.
+    # Before, it waited without reading the pipes: a child writing 300 KB as it stops blocked in
+    # write(2) and was SIGKILLed after the whole grace (10 s).
+    child = ("import signal,sys,time\n"
+             "def bye(*_):\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"  # the run's stop sends two
+             "    sys.stdout.write('x' * 300_000); sys.stdout.flush(); sys.exit(0)\n"
+             "signal.signal(signal.SIGTERM, bye)\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    script = f"""
+import os, signal, sys, threading, time
+from sandbox_conformance.processes import cancel, children
+cancel.install("t")
+cancel.begin()
+threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+began = time.monotonic()
+try:
+    children.run([sys.executable, "-c", {child!r}], timeout=60)
+except cancel.Cancelled:
+    print(round(time.monotonic() - began, 1))
+cancel.uninstall()
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parent.parent,
+                          capture_output=True, text=True, timeout=60)
+    took = float(done.stdout.strip() or "nan")
+    assert took < 1 + run_mod.STOP_GRACE / 2, done.stdout + done.stderr
