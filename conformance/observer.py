@@ -1085,6 +1085,7 @@ class Watch:
         self.survivors: list[dict[str, Any]] | None = None
         self.host_devices: frozenset[str] = frozenset()
         self.signalled = threading.Event()
+        self._lifecycle_kill = threading.Event()  # the lifecycle promise's SIGKILL was sent
         become_subreaper()
         self.since = boot_ticks() - 1
 
@@ -1239,6 +1240,7 @@ class Watch:
             # Orphaned by the kill, reparented to us: claimed first, so the main launch beside this one
             # does not take them for its own leftovers (and kill the task this promise waits to see go).
             self.claims.add(self.key, pids=descendants(self.launcher_pid))
+        self._lifecycle_kill.set()
         kills.kill(self.launcher_pid, signal.SIGKILL, "the lifecycle promise: its launcher, at the handshake")
         start = time.monotonic()
         while time.monotonic() - start < LIFECYCLE_SECONDS:
@@ -1261,6 +1263,12 @@ class Watch:
 
     def after_exit(self, launcher_pgid: int) -> None:
         self.stop_looking()
+        if self._lifecycle_kill.is_set():
+            # The task has LIFECYCLE_SECONDS to go after its launcher's SIGKILL (_kill_launcher, in the
+            # reader thread, times it); run() gives its readers only a second once the launcher is
+            # gone. Judged before that time is up, a task still going would be a leftover, and killed
+            # by us: the promise is judged first.
+            self.signalled.wait(LIFECYCLE_SECONDS + 1)
         if self.seen is None:
             # Nothing of the task was found; the launcher's group is still checked.
             seen = Seen(0, {}, "error: not found", "error: not found", "error: not found", "", "error")

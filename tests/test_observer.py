@@ -460,3 +460,32 @@ def test_a_killed_orphan_is_reaped() -> None:
     observer.kill([{"pid": orphan.pid, "starttime": start, "why": ["an orphan of the launch"]}])
     assert not Path(f"/proc/{orphan.pid}").exists()  # killed and reaped: no zombie left
     orphan.returncode = -9  # reaped by kill(): Popen must not wait for it
+
+
+def test_the_lifecycle_promise_is_judged_before_the_leftovers_of_its_launch() -> None:
+    # The task may take LIFECYCLE_SECONDS to go once its launcher is SIGKILLed (_kill_launcher times it
+    # in the reader thread); run() calls after_exit a second after the launcher is gone. Before, the
+    # leftovers were judged (and killed) while the promise's clock still ran.
+    task = subprocess.Popen(["sleep", "2"])  # goes by itself, 2 s on: within the promise's time
+    time.sleep(0.05)  # started before the watch: never "an orphan of the launch"
+    watch = observer.Watch("t", "n", protected=(), host_namespaces={}, lifecycle=True)
+    launcher = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    watch.launcher_pid = launcher.pid
+
+    def handshake() -> None:  # as on_line does for a lifecycle launch
+        watch._kill_launcher(task.pid)
+        watch.signalled.set()
+
+    reader = threading.Thread(target=handshake, daemon=True)
+    try:
+        reader.start()
+        time.sleep(0.3)
+        launcher.wait(timeout=10)
+        watch.after_exit(launcher.pid)
+        assert (watch.lifecycle_result.get("gone_after") or 0) > 1.5, watch.lifecycle_result
+        assert watch.survivors == []
+    finally:
+        reader.join(timeout=10)
+        for p in (task, launcher):
+            p.kill()
+            p.wait()
