@@ -864,9 +864,11 @@ def host_view(pid: int) -> dict[str, Any] | None:
 
 def _alive(seen: dict[str, Any]) -> bool:
     now = host_view(seen["pid"])
-    # A zombie is dead: it only waits for its (new) parent to reap it. Same pid but another start
-    # time: reused by an unrelated process.
-    return now is not None and now["starttime"] == seen["starttime"] and now["state"] not in ("Z", "X")
+    # A zombie is dead (it only waits for its new parent to reap it), unless other threads of it still
+    # run (observer.dead). Same pid but another start time: reused by an unrelated process.
+    if now is None or now["starttime"] != seen["starttime"]:
+        return False
+    return not observer.dead(seen["pid"], now["state"])
 
 
 class _TreeKill:

@@ -102,6 +102,41 @@ def stat_fields(text: str) -> dict[str, int | str]:
     }
 
 
+def dead(pid: int | str, state: object, proc: Path = Path("/proc")) -> bool:
+    """Whether a process whose stat says `state` is over. "Z" alone is not: a main thread that exited
+    (SYS_exit) while other threads run leaves the leader a zombie and the process running, /proc/PID/
+    status's Threads counting them (signal->nr_threads drops the leader's only when it is released)."""
+    if state == "X":
+        return True
+    if state != "Z":
+        return False
+    try:
+        text = _read(proc / str(pid) / "status")
+    except OSError:
+        return True
+    threads = next((line[len("Threads:"):].strip() for line in text.splitlines()
+                    if line.startswith("Threads:")), "1")
+    return not threads.isdigit() or int(threads) <= 1
+
+
+def view(pid: int, proc: Path = Path("/proc")) -> Path:
+    """Where a process's descriptors, cwd and root are read: /proc/PID, or, when its main thread has
+    exited while others run (its fd listing is then empty, its cwd and root ENOENT), a live thread's
+    /proc/PID/task/TID."""
+    base = proc / str(pid)
+    try:
+        if stat_fields(procfs.read_small(base / "stat"))["state"] != "Z":
+            return base
+        tids = sorted(os.listdir(base / "task"), key=int)
+    except (OSError, ValueError):
+        return base
+    for tid in (t for t in tids if t != str(pid)):
+        with contextlib.suppress(OSError, ValueError):
+            if stat_fields(procfs.read_small(base / "task" / tid / "stat"))["state"] != "Z":
+                return base / "task" / tid
+    return base
+
+
 class Protected(NamedTuple):
     """A host path whose content must be visible nowhere in the task (a masked path's content, an
     absent path): `template` names it in messages."""
@@ -503,7 +538,7 @@ def held(pids: Sequence[int], mounts: Sequence[mountinfo.Mount], namespaces: Map
     members = set(pids) if members is None else members
     out: list[dict[str, Any]] = []
     for p in pids:
-        base = proc / str(p)
+        base = view(p, proc)
         try:
             names = sorted(os.listdir(base / "fd"), key=int)
         except OSError:
@@ -621,14 +656,15 @@ def places_out(pids: Sequence[int], mounts: Sequence[mountinfo.Mount],
     mount_ids = {m.mount_id for m in mounts}
     out: list[dict[str, Any]] = []
     for p in pids:
+        base = view(p, proc)
         for what in ("cwd", "root"):
             try:
-                fd = os.open(proc / str(p) / what, os.O_PATH | os.O_CLOEXEC)
+                fd = os.open(base / what, os.O_PATH | os.O_CLOEXEC)
             except OSError:
                 continue  # gone, or not ours to read
             try:
                 mnt = _fdinfo(Path(f"/proc/self/fdinfo/{fd}")).get("mnt_id", "")
-                link = _link(proc / str(p) / what)
+                link = _link(base / what)
             except OSError:
                 continue
             finally:
@@ -847,12 +883,12 @@ def binfmt_instance(host_mounts: Sequence[mountinfo.Mount]) -> str:
 
 def host_task(pid: int, proc: Path = Path("/proc")) -> int | None:
     """The start time of a live process (a reused pid has another), or None once it is gone or a
-    zombie (dead, unreaped)."""
+    zombie (dead, unreaped; see `dead`)."""
     try:
         st = stat_fields(procfs.read_small(proc / str(pid) / "stat"))
     except (OSError, ValueError):
         return None
-    if st["state"] in ("Z", "X"):
+    if dead(pid, st["state"], proc):
         return None
     return int(st["starttime"])
 
@@ -886,7 +922,7 @@ def survivors(
     """Processes still running that the launch started: in the task's pid namespace (when it is not
     the host's), in the task's session (when it is not the harness's), in the launcher's process
     group, or orphans reparented to us (see become_subreaper) that started at or after `since`.
-    Zombies are dead: they only wait to be reaped.
+    Zombies are dead (they only wait to be reaped), unless other threads of theirs still run (`dead`).
 
     `until` (ticks, as starttime): when the launcher had exited. A process started later is not the
     launch's by its namespace, session or group: a pid namespace's number is the lowest free one
@@ -919,7 +955,7 @@ def survivors(
         if others.holds(int(name), int(st["starttime"]), pidns, int(st["sid"])):
             continue  # another launch's, side by side with this one (conformance/claims.py)
         comm = text[text.index("(") + 1 : text.rindex(")")]  # stat's second field (proc(5))
-        if st["state"] in ("Z", "X"):
+        if dead(name, st["state"], proc):
             if since is not None and st["ppid"] == me and int(st["starttime"]) >= since:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(int(name), os.WNOHANG)  # an orphan of the launch that died: reap it

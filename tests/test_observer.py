@@ -489,3 +489,41 @@ def test_the_lifecycle_promise_is_judged_before_the_leftovers_of_its_launch() ->
         for p in (task, launcher):
             p.kill()
             p.wait()
+
+
+def test_a_process_whose_main_thread_exited_while_others_run_is_alive_and_read_through_them(
+    tmp_path: Path,
+) -> None:
+    # SYS_exit in the main thread: /proc/PID/stat says Z and /proc/PID/fd lists nothing, yet the
+    # process runs on. Before, it was taken for dead: never a leftover (nor killed), and what its
+    # threads held never read.
+    code = ("import ctypes, os, sys, threading, time\n"
+            "fd = os.open(sys.argv[1], os.O_RDONLY)\nos.chdir(sys.argv[1])\n"
+            "threading.Thread(target=time.sleep, args=(30,)).start()\n"
+            "print(fd, flush=True)\n"
+            "ctypes.CDLL(None).syscall(60, 0)  # SYS_exit (x86_64): this thread only\n")
+    if os.uname().machine != "x86_64":
+        pytest.skip("SYS_exit's number here is x86_64's")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        fd = int(proc.stdout.readline())
+        deadline = time.monotonic() + 10
+        while observer.stat_fields(Path(f"/proc/{proc.pid}/stat").read_text())["state"] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert observer.host_task(proc.pid) is not None
+        mounts = mountinfo.parse(Path("/proc/self/mountinfo").read_text())
+        serving = mountinfo.serving(mounts, str(tmp_path))
+        assert serving is not None
+        others = [m for m in mounts if m.mount_id != serving.mount_id]
+        found = {d["fd"] for d in [*observer.held([proc.pid], others, {}, {}),
+                                   *observer.places_out([proc.pid], others)]}
+        assert {fd, "cwd"} <= found, found
+        seen = observer.Seen(0, {}, "error", "error", "error", "", "error")
+        left = observer.survivors(seen, proc.pid, host_namespaces={}, harness_sid=os.getsid(0))
+        assert [p["pid"] for p in left] == [proc.pid]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
