@@ -528,10 +528,13 @@ def held(pids: Sequence[int], mounts: Sequence[mountinfo.Mount], namespaces: Map
     """Every descriptor a process of the task holds that leads out of it: a file or directory on a mount
     outside the task's mount namespace (fdinfo's mnt_id, proc(5); mount ids are unique system-wide), a
     socket of another network namespace, a namespace the task is not in, a pidfd of a process outside
-    it, a device node off the allowlist. Pipes, FIFOs and event descriptors are the task's channels.
+    it, an io_uring polled by a thread of a process outside it, a fanotify group marking mounts or
+    filesystems outside its mount namespace, a device node off the allowlist. Pipes, FIFOs and other
+    event descriptors are the task's channels.
     `task`: the process whose network namespace is the task's (default: the first of `pids`);
     `members`: the processes that are the task's (default: `pids`)."""
     mount_ids = {m.mount_id for m in mounts}
+    devs = {m.dev for m in mounts}
     net = task if task is not None else (pids[0] if pids else None)
     socks: Container[int] = SocketTables(proc / str(net) / "net") if net is not None else frozenset()
     own = set(namespaces.values())
@@ -546,7 +549,7 @@ def held(pids: Sequence[int], mounts: Sequence[mountinfo.Mount], namespaces: Map
         for n in names:
             try:
                 link = _link(base / "fd" / n)
-                why = _why_out(link, base, n, mount_ids, socks, own, members, allowed)
+                why = _why_out(link, base, n, mount_ids, socks, own, members, allowed, devs, proc)
             except OSError:
                 continue  # closed since the listing
             if why:
@@ -566,8 +569,36 @@ def _link(path: Path) -> str:
         return f"(unreadable: {errname(e)})"
 
 
+def _tgid(tid: int, proc: Path) -> int | None:
+    """The process a thread belongs to (status's Tgid), or None once it is gone."""
+    try:
+        text = _read(proc / str(tid) / "status")
+    except OSError:
+        return None
+    tgid = next((line[len("Tgid:"):].strip() for line in text.splitlines() if line.startswith("Tgid:")), "")
+    return int(tgid) if tgid.isdigit() else None
+
+
+def _fanotify_marks_outside(fdinfo: str, mount_ids: set[int], devs: set[str]) -> str:
+    """What a fanotify group's marks watch that the task's mount namespace has none of: a mount mark
+    ("mnt_id:1b", hex) on another mount, an inode or filesystem mark ("sdev:fe00000", the kernel's
+    dev_t: major << 20 | minor) on a filesystem none of its mounts show (fs/notify/fdinfo.c)."""
+    for line in fdinfo.splitlines():
+        if not line.startswith("fanotify ") or "mask:" not in line:
+            continue  # the group's own flags line
+        fields = dict(f.split(":", 1) for f in line.split()[1:] if ":" in f)
+        with contextlib.suppress(ValueError):
+            if "mnt_id" in fields and int(fields["mnt_id"], 16) not in mount_ids:
+                return f"mount {int(fields['mnt_id'], 16)}"
+            if "sdev" in fields:
+                dev = int(fields["sdev"], 16)
+                if f"{dev >> 20}:{dev & 0xFFFFF}" not in devs:
+                    return f"the filesystem {dev >> 20}:{dev & 0xFFFFF}"
+    return ""
+
+
 def _why_out(link: str, base: Path, n: str, mount_ids: set[int], socks: Container[int], own: set[str],
-             members: Container[int], allowed: Mapping[str, str]) -> str | None:
+             members: Container[int], allowed: Mapping[str, str], devs: set[str], proc: Path) -> str | None:
     if link.startswith("socket:["):
         if int(link[8:-1]) not in socks:
             return "a socket of another network namespace (opened outside the sandbox and left open)"
@@ -579,6 +610,20 @@ def _why_out(link: str, base: Path, n: str, mount_ids: set[int], socks: Containe
             target = _fdinfo(base / "fdinfo" / n).get("Pid", "")
             if target.lstrip("-").isdigit() and int(target) > 0 and int(target) not in members:
                 return f"a pidfd of host process {target}, outside the task"
+        elif "io_uring" in link:
+            # IORING_SETUP_SQPOLL: the ring's requests (an openat, a connect) are carried out by its
+            # polling thread, a thread of the process that made the ring, with that process's files,
+            # root and credentials (io_uring/sqpoll.c). SqThread is its host tid.
+            sq = _fdinfo(base / "fdinfo" / n).get("SqThread", "")
+            made_by = _tgid(int(sq), proc) if sq.isdigit() and int(sq) > 0 else None
+            if made_by is not None and made_by not in members:
+                return (f"an io_uring whose polling thread is of host process {made_by}, outside the task: "
+                        "its requests act as that process")
+        elif "fanotify" in link:
+            outside = _fanotify_marks_outside(_read(base / "fdinfo" / n), mount_ids, devs)
+            if outside:
+                return (f"a fanotify group watching {outside}, outside the task's mount namespace: reading "
+                        "its events opens the files they name")
         return None
     if _NS_LINK.match(link):
         return None if link in own else "a namespace the task is not in (setns(2) would enter it)"

@@ -527,3 +527,53 @@ def test_a_process_whose_main_thread_exited_while_others_run_is_alive_and_read_t
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+HANDED = r"""
+import ctypes, os, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+params = (ctypes.c_uint32 * 30)()
+params[2] = 2  # struct io_uring_params.flags = IORING_SETUP_SQPOLL
+ring = libc.syscall(425, 4, params)  # io_uring_setup (the same number on x86_64 and aarch64)
+libc.fanotify_init.argtypes = [ctypes.c_uint, ctypes.c_uint]
+fan = libc.fanotify_init(0, os.O_RDONLY)  # FAN_CLASS_NOTIF
+libc.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p]
+assert ring >= 0 and fan >= 0 and libc.fanotify_mark(fan, 0x1 | 0x10, 0x20, -100, sys.argv[1].encode()) == 0
+holder = subprocess.Popen(["sleep", "30"], pass_fds=[ring, fan])
+print(holder.pid, ring, fan, flush=True)
+holder.wait()
+"""
+
+
+def test_an_io_uring_polled_by_an_outsider_and_a_fanotify_group_on_outside_mounts_lead_out(
+    root_only: None, tmp_path: Path,
+) -> None:
+    # Made by a process outside the task and handed to it: the ring's SQPOLL thread carries out its
+    # requests as its maker (an openat of any host path); reading the group's events opens the host's
+    # files they name. Before, every anon_inode but a pidfd was "the task's channel".
+    maker = subprocess.Popen([sys.executable, "-c", HANDED, str(tmp_path)], stdout=subprocess.PIPE,
+                             start_new_session=True)
+    try:
+        assert maker.stdout is not None
+        task, ring, fan = map(int, maker.stdout.readline().split())
+        mounts = mountinfo.parse(Path("/proc/self/mountinfo").read_text())
+        serving = mountinfo.serving(mounts, str(tmp_path))
+        assert serving is not None
+        others = [m for m in mounts if m.mount_id != serving.mount_id]
+        found = {d["fd"]: d["why"] for d in observer.held([task], others, {}, {})}
+        assert f"host process {maker.pid}" in found.get(ring, ""), found
+        assert f"mount {serving.mount_id}" in found.get(fan, ""), found
+        # Its own ring (the maker a member) and a group on its own mounts are channels.
+        mine = {d["fd"] for d in observer.held([task], mounts, {}, {}, members={task, maker.pid})}
+        assert ring not in mine and fan not in mine
+    finally:
+        os.killpg(maker.pid, signal.SIGKILL)
+        maker.wait()
+
+
+def test_fanotify_inode_and_filesystem_marks_are_judged_by_their_filesystem() -> None:
+    info = ("fanotify flags:1 event-flags:8000\n"
+            "fanotify ino:13 sdev:fe00000 mflags:0 mask:20 ignored_mask:0 fhandle-bytes:8 fhandle-type:1\n")
+    assert observer._fanotify_marks_outside(info, set(), {"254:0"}) == ""
+    assert observer._fanotify_marks_outside(info, set(), {"254:1"}) == "the filesystem 254:0"
+    assert observer._fanotify_marks_outside("fanotify mnt_id:1b mflags:0 mask:20\n", {27}, set()) == ""
