@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 from sandbox_conformance.kernel.cgroupfs import CgroupFs
 from sandbox_conformance.kernel.errnos import errname
-from sandbox_conformance.processes import cancel, owner
+from sandbox_conformance.processes import cancel, kills, owner
 
 # The exit status the shim uses when it could not enter the leaf (what env(1) and timeout(1) use
 # for "the wrapper itself failed"): the task never ran.
@@ -180,6 +180,7 @@ class Leaf(NamedTuple):
         """SIGKILL everything in the leaf and wait until it is empty (or raise CgroupUnusable)."""
         method = KillMethod.cgroup_kill
         if self.fs.exists(self.path / "cgroup.kill"):
+            kills.record(0, signal.SIGKILL, f"cgroup.kill of the leaf {self.path}")
             self._write_inside("cgroup.kill", "1")
         else:
             method = KillMethod.signal_loop
@@ -196,6 +197,7 @@ class Leaf(NamedTuple):
                 )
             if method is KillMethod.signal_loop:
                 for pid in pids:
+                    kills.record(pid, signal.SIGKILL, f"emptying the leaf {self.path}")
                     with contextlib.suppress(ProcessLookupError):
                         self.fs.kill(pid, signal.SIGKILL)
             time.sleep(0.02)

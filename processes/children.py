@@ -431,8 +431,7 @@ class Forked:
         try:
             hold.release()
         except BaseException:  # stopped as wait() stops it: nobody else will wait for it
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGTERM)
+            kills.killpg(pid, signal.SIGTERM, "a forked child stopped: its start was interrupted")
             if not self._reap(STOP_GRACE):
                 kill_group(pid)
                 self._reap(None)
@@ -454,8 +453,7 @@ class Forked:
             return self.returncode
         except BaseException:
             if not self.reaped:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.pid, signal.SIGTERM)
+                kills.killpg(self.pid, signal.SIGTERM, "a forked child stopped: its wait was interrupted")
                 if not self._reap(STOP_GRACE):
                     kill_group(self.pid)
                     self._reap(None)

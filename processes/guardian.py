@@ -26,8 +26,9 @@ subprocess only when a command must run; never pathlib or contextlib (~10 and ~4
 hence try/except where `suppress` would read better.
 
 A process group is identified by its number: the kernel does not reuse a pid while a process group
-of that number has members, and the owner forgets a group as soon as it has reaped it, so the
-guardian signals either that group or nothing."""
+of that number has members, and the owner forgets a group seconds after it has reaped its leader
+(once what the leader left is judged), before the cyclic pid allocation could come round to it
+again: the guardian signals either that group or, in practice, nothing (docs/cancellation.md)."""
 
 from __future__ import annotations
 

@@ -6,8 +6,10 @@ said whether our timeout, our stop, the observer's leftover kill or something el
     kills.ended(done)                                  # "killed by SIGKILL (sent by ...)" or "... not by us"
 
 What is not here was not sent by this process: the guardian (which acts only once we are dead), another
-run's sweep (processes/owner.py kill_naming, in its own process), the kernel (the OOM killer logs in the
-kernel's log, `dmesg`), a parent-death signal, or a process of the sandbox's own."""
+run's sweep (processes/owner.py kill_naming, in its own process; this run's own sweep is recorded
+here), the kernel (the OOM killer logs in the kernel's log, `dmesg`), a parent-death signal, or a
+process of the sandbox's own. A write to cgroup.kill is recorded with target 0: the kernel signals
+every process in the cgroup."""
 
 from __future__ import annotations
 

@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 from sandbox_conformance.kernel import mountinfo
 from sandbox_conformance.kernel.errnos import errname
+from sandbox_conformance.processes import kills
 
 # The directories runs leave: every owner names its own `sbxc-KIND-` (or `sbxc-KIND.`) and puts its
 # stamp right after it (`tempfile.mkdtemp(prefix=f"{PREFIX}{owner.stamp()}-")`); this floor knows only
@@ -330,12 +331,11 @@ def before_removal(path: str) -> None:
         try:
             proc.wait(timeout=BEFORE_REMOVAL_TIMEOUT)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            kills.killpg(proc.pid, signal.SIGKILL, "the sweep: a dead run's clean-up command past its time")
             proc.wait()
         else:
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)  # what it left in its group, once it is done
+            # what it left in its group, once it is done
+            kills.killpg(proc.pid, signal.SIGKILL, "the sweep: what a dead run's clean-up command left")
 
 
 def rmtree(path: str) -> None:
@@ -370,9 +370,8 @@ def kill_naming(path: str, proc: Path = Path("/proc")) -> list[int]:
         except OSError:
             continue
         if any(w == needle or w.startswith(needle + b"/") or (b"=" + needle) in w for w in words):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(int(entry.name))
+            kills.kill(int(entry.name), signal.SIGKILL, f"the sweep: it names a dead run's {path}")
+            killed.append(int(entry.name))
     return killed
 
 
@@ -390,6 +389,7 @@ def kill_cgroup(path: Path, *, timeout: float = KILL_TIMEOUT) -> bool:
     until cgroup.procs stays empty. True when it is empty."""
     kill = path / "cgroup.kill"
     if kill.exists():
+        kills.record(0, signal.SIGKILL, f"cgroup.kill of {path}")
         with contextlib.suppress(OSError):
             kill.write_text("1")
     deadline = time.monotonic() + timeout
@@ -403,8 +403,7 @@ def kill_cgroup(path: Path, *, timeout: float = KILL_TIMEOUT) -> bool:
         if time.monotonic() > deadline:
             return False
         for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+            kills.kill(pid, signal.SIGKILL, f"a cgroup emptied: {path}")
         time.sleep(0.02)
 
 

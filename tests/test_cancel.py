@@ -929,3 +929,21 @@ def test_a_fork_that_fails_releases_the_hold_on_stop_signals(monkeypatch: pytest
     with pytest.raises(BlockingIOError):
         children.Forked(lambda: 0)
     assert cancel._state.deferring == before
+
+
+def test_the_sweeps_kills_are_in_this_runs_record_of_signals(tmp_path: Path) -> None:
+    # A harness error names who ended a launcher from this record; the sweep's kills were missing.
+    from sandbox_conformance.processes import kills
+
+    named = subprocess.Popen([sys.executable, "-c", "import sys, time; print(flush=True); time.sleep(30)",
+                              str(tmp_path / "x")], stdout=subprocess.PIPE)
+    assert named.stdout is not None and named.stdout.readline() == b"\n"  # running, its argv in place
+    began = time.monotonic()
+    try:
+        assert owner.kill_naming(str(tmp_path)) == [named.pid]
+        assert named.wait(timeout=10) == -signal.SIGKILL
+        sent = [s for s in kills.between(began, time.monotonic()) if s.target == named.pid]
+        assert [s.signum for s in sent] == [signal.SIGKILL] and "sweep" in sent[0].reason
+    finally:
+        named.kill()
+        named.wait()
