@@ -429,6 +429,7 @@ _NS_LINK = re.compile(r"^(cgroup|ipc|mnt|net|pid|pid_for_children|time|time_for_
 _INODE_COLUMN = {"unix": 6, "netlink": 9, "udp": 9, "udp6": 9, "raw": 9, "raw6": 9, "packet": 8,
                  "udplite": 9, "udplite6": 9, "tcp": 9, "tcp6": 9}
 PTS_MAJORS = range(136, 144)  # Documentation/admin-guide/devices.txt: Unix98 PTY slaves
+PTMX = "5:2"  # the same list: the PTY master multiplex device
 
 
 def task_pids(pid: int, pidns: str, host_pidns: str, proc: Path = Path("/proc")) -> list[int]:
@@ -630,10 +631,15 @@ def _why_out(link: str, base: Path, n: str, mount_ids: set[int], socks: Containe
     st = os.stat(base / "fd" / n)
     if stat.S_ISFIFO(st.st_mode):
         return None
-    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-        ok = _rdev(st) in set(allowed.values()) or os.major(st.st_rdev) in PTS_MAJORS
-        return None if ok else f"the device node {_rdev(st)}, off the allowlist"
     mnt = _fdinfo(base / "fdinfo" / n).get("mnt_id", "")
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        if _rdev(st) == PTMX and mnt.isdigit() and int(mnt) not in mount_ids:
+            # A terminal's master end opened outside (the host's /dev/ptmx): what the task writes there
+            # is typed into a terminal of the host's, whose shell reads it (pty(7)).
+            return f"a pseudo-terminal master opened outside the task's mount namespace (mount {mnt})"
+        ok = device_allowed(link, st, allowed) or os.major(st.st_rdev) in PTS_MAJORS
+        return None if ok else f"the device node {_rdev(st)}, off the allowlist"
+
     if mnt.isdigit() and int(mnt) not in mount_ids:
         kind = "directory" if stat.S_ISDIR(st.st_mode) else "file"
         return f"a {kind} on a mount outside the task's mount namespace (mount {mnt})"

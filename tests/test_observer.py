@@ -577,3 +577,26 @@ def test_fanotify_inode_and_filesystem_marks_are_judged_by_their_filesystem() ->
     assert observer._fanotify_marks_outside(info, set(), {"254:0"}) == ""
     assert observer._fanotify_marks_outside(info, set(), {"254:1"}) == "the filesystem 254:0"
     assert observer._fanotify_marks_outside("fanotify mnt_id:1b mflags:0 mask:20\n", {27}, set()) == ""
+
+
+def test_a_terminal_master_opened_outside_leads_out_and_a_starred_device_is_allowed() -> None:
+    # A pty master (5:2) is on every allowlist that has /dev/ptmx; one opened on the host's /dev types
+    # into a terminal of the host's. And an allowlist entry "*" (any device at that path) never matched.
+    master, slave = os.openpty()
+    null = os.open("/dev/null", os.O_RDWR)
+    holder = subprocess.Popen(["sleep", "30"], pass_fds=[master, null], stdin=subprocess.DEVNULL)
+    try:
+        mounts = mountinfo.parse(Path("/proc/self/mountinfo").read_text())
+        st = os.stat(f"/proc/{holder.pid}/fd/{master}")
+        serving = next(m for m in mounts if m.dev == f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+        others = [m for m in mounts if m.mount_id != serving.mount_id]
+        allowed = {"/dev/ptmx": "5:2", "/dev/null": "*"}
+        found = {d["fd"]: d["why"] for d in observer.held([holder.pid], others, {}, allowed)}
+        assert "pseudo-terminal master" in found.get(master, ""), found
+        assert null not in found, found
+        assert master not in {d["fd"] for d in observer.held([holder.pid], mounts, {}, allowed)}
+    finally:
+        holder.kill()
+        holder.wait()
+        for fd in (master, slave, null):
+            os.close(fd)
