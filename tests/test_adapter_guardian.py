@@ -65,3 +65,39 @@ def test_a_hanging_clean_up_command_is_killed_with_its_group_and_the_workspace_s
     while Path(f"/proc/{child}").exists() and "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2]:
         assert time.monotonic() < deadline, "the clean-up command's group outlived its bound"
         time.sleep(0.02)
+
+
+def test_a_stop_signal_while_the_engine_client_starts_waits_until_it_is_known(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Raised inside Popen (after the fork), the stop left the client running, unknown to the finally
+    # that kills it, while cleanup() removed its bundle and state.
+    import signal
+    import subprocess
+
+    real = subprocess.Popen
+    started: list[subprocess.Popen[bytes]] = []
+
+    def popen(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        started.append(real(argv, env=env))
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(10_000))  # bytecodes: the handler runs here, inside the start
+        return started[-1]
+
+    guardian = real(["true"])
+    r, w = os.pipe()
+    cleaned: list[bool] = []
+    monkeypatch.setattr(_guardian.subprocess, "Popen", popen)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            _guardian.run_with_guardian(["sleep", "30"], what="t", guardian=guardian, pipe=w,
+                                        cleanup=lambda: cleaned.append(True))
+        assert stopped.value.code == 128 + signal.SIGTERM
+        assert started[0].poll() is not None  # killed and reaped before the clean-up
+        assert cleaned == [True]
+    finally:
+        monkeypatch.undo()
+        os.close(r)
+        for p in started:
+            p.kill()
+            p.wait()

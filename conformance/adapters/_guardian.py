@@ -86,14 +86,27 @@ def run_with_guardian(
     """`prepare()`, then run `argv` to its end (at most RUN_TIMEOUT: 124), then `cleanup()` and release
     the guardian, whatever happened: SIGTERM, SIGINT and SIGHUP unwind through it (128 + the signal)."""
     proc: subprocess.Popen[bytes] | None = None
+    # From the fork to `proc` known, a stop signal waits: raised inside Popen, it left the engine's
+    # client running while cleanup() removed its bundle and state from under it.
+    starting: list[int] = []
+    held: list[int] = []
 
     def stop(signum: int, _frame: Any) -> None:
+        if starting:
+            held.append(signum)
+            return
         raise SystemExit(128 + signum)  # unwinds through the finally below
 
     old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         prepare()
-        proc = subprocess.Popen(list(argv), env=dict(env) if env is not None else None)
+        starting.append(1)
+        try:
+            proc = subprocess.Popen(list(argv), env=dict(env) if env is not None else None)
+        finally:
+            starting.clear()
+        if held:
+            raise SystemExit(128 + held[0])
         return proc.wait(timeout=RUN_TIMEOUT)
     except subprocess.TimeoutExpired:
         print(f"{what}: the container did not finish within {RUN_TIMEOUT:.0f}s", file=sys.stderr)
