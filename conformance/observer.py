@@ -317,6 +317,19 @@ def _dev_ino(st: os.stat_result) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
+def _mount_of(link: Path) -> int:
+    """The mount a /proc magic link (cwd, root) is on: an O_PATH open of it is a descriptor of that very
+    path, mount and all, whose fdinfo names the mount (proc(5))."""
+    fd = os.open(link, os.O_PATH | os.O_CLOEXEC)
+    try:
+        mnt = _fdinfo(Path(f"/proc/self/fdinfo/{fd}")).get("mnt_id", "")
+    finally:
+        os.close(fd)
+    if not mnt.isdigit():
+        raise OSError(f"no mnt_id in the fdinfo of {link}")
+    return int(mnt)
+
+
 class Creds(NamedTuple):
     """The task's credentials as the host's kernel holds them (real ids, not the namespace's)."""
 
@@ -1081,8 +1094,10 @@ def snapshot(pid: int, proc: Path = Path("/proc")) -> dict[str, Any] | None:
         out.update({k: status.get(k) for k in SNAPSHOT_STATUS})
         table = mountinfo.parse(_read(base / "mountinfo"))
         out["mounts"] = sorted((m.mount_id, m.mount_point, m.read_only) for m in table)
-        out["root"] = _dev_ino(os.stat(base / "root"))
-        out["cwd"] = _dev_ino(os.stat(base / "cwd"))
+        # The mount too: a bind of the same directory has its device and inode, but not its `..`
+        # (a helper sharing the task's fs_struct, CLONE_FS, can move it to the host's own mount).
+        out["root"] = (*_dev_ino(os.stat(base / "root")), _mount_of(base / "root"))
+        out["cwd"] = (*_dev_ino(os.stat(base / "cwd")), _mount_of(base / "cwd"))
     except OSError:
         # Gone, or going: an exiting process's /proc files answer ENOENT, ESRCH or EINVAL. No reading
         # is no look, never a change (the look at the handshake itself must succeed, see `read`), unless

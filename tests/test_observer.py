@@ -600,3 +600,34 @@ def test_a_terminal_master_opened_outside_leads_out_and_a_starred_device_is_allo
         holder.wait()
         for fd in (master, slave, null):
             os.close(fd)
+
+
+def test_a_cwd_moved_to_another_mount_of_the_same_directory_is_a_change(
+    root_only: None, tmp_path: Path,
+) -> None:
+    # Two mounts of one directory (a bind, in a mount namespace of the test's own): the same device and
+    # inode, another mount (and another `..`). Before, the looks compared device and inode only.
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    code = ("import os, signal, sys\n"
+            "os.chdir(sys.argv[2])\n"
+            "signal.signal(signal.SIGUSR1, lambda *_: (os.chdir(sys.argv[1]), print('moved', flush=True)))\n"
+            "print('ready', flush=True)\n"
+            "while True: signal.pause()\n")
+    a, b = tmp_path / "a", tmp_path / "b"
+    proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                             'mount --bind "$1" "$2" && exec "$0" -c "$3" "$1" "$2"',
+                             sys.executable, str(a), str(b), code],
+                            stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        first = observer.snapshot(proc.pid)
+        proc.send_signal(signal.SIGUSR1)
+        assert proc.stdout.readline() == b"moved\n"
+        then = observer.snapshot(proc.pid)
+        assert first is not None and then is not None
+        assert first["cwd"][:2] == then["cwd"][:2]  # the same directory
+        assert any(d.startswith("cwd:") for d in observer.differences(first, then))
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
