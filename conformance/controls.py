@@ -622,6 +622,13 @@ REACH: tuple[Control, ...] = (
         reddens=(HOST_SOCKETS,),
     ),
     Control(
+        "daemon_socket_uring",
+        "the planted daemon socket bound in, and a seccomp filter that refuses socket(AF_UNIX) (srt's) but "
+        "leaves io_uring open: IORING_OP_SOCKET and IORING_OP_CONNECT reach it past the filter",
+        launcher_args=("--bind-daemon-socket", "--seccomp-refuse=socket-unix"),
+        reddens=(HOST_SOCKETS,),
+    ),
+    Control(
         "device_bound",
         "the host's /dev/kvm is bound next to the minimal /dev: a task with no capabilities opens it",
         launcher_args=("--append=--dev-bind", "--append=/dev/kvm", "--append=/dev/kvm"),

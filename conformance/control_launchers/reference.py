@@ -25,6 +25,8 @@ program on stdin.
 --landlock-refuse=DIR  a Landlock ruleset, made in the sandbox before the task, that refuses every
                    write beneath DIR with EACCES (landlock(7)); with DIR bound read-write, nothing
                    lands, but the refusal is not EROFS.
+--seccomp-refuse=SYSCALL  a seccomp filter that refuses one thing with EPERM: `unshare` (and forgets
+                   clone(2)), or `socket-unix`, socket(2) of AF_UNIX (and forgets io_uring).
 
 What the task holds and reaches (issue 26), each the mistake of a real sandbox:
 --secret-file      a .env holding the launcher's secret, written into the task's working directory.
@@ -593,6 +595,7 @@ def exec_late(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object
 
 # unshare(2) by architecture (asm-generic/unistd.h for aarch64; arch/x86/entry/syscalls for x86_64).
 SYS_UNSHARE = {"x86_64": 272, "aarch64": 97}
+SYS_SOCKET = {"x86_64": 41, "aarch64": 198}
 
 
 def _scratch(spec: Mapping[str, object], name: str) -> Path:
@@ -623,17 +626,29 @@ def _forged_proc(spec: Mapping[str, object]) -> tuple[str, ...]:
 
 def _seccomp_fd(names: Sequence[str]) -> int:
     """A classic BPF program (bwrap --seccomp FD takes one compiled, seccomp(2)) that refuses only the
-    named syscalls with EPERM and allows everything else: the filter that blocks unshare(2) and forgets
-    clone(2) and clone3(2)."""
+    named syscalls with EPERM and allows everything else: "unshare", the filter that blocks unshare(2)
+    and forgets clone(2) and clone3(2); "socket-unix", socket(2) of AF_UNIX (srt's filter), which
+    forgets io_uring's IORING_OP_SOCKET."""
+    import socket
     import struct
 
     machine = os.uname().machine
     numbers = [SYS_UNSHARE[machine] for n in names if n == "unshare"]
-    ld_nr, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
+    ld, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
     errno_eperm, allow = 0x00050000 | 1, 0x7FFF0000  # SECCOMP_RET_ERRNO | EPERM, SECCOMP_RET_ALLOW
-    prog = [(ld_nr, 0, 0, 0)]  # seccomp_data.nr is at offset 0
-    for i, nr in enumerate(numbers):
-        prog.append((jeq, len(numbers) - i, 0, nr))  # equal: jump to the refusal at the end
+    # (code, true target, false target, k): targets are labels, "next", "allow" or "refuse", made
+    # relative jumps below.
+    body: list[tuple[int, str, str, int]] = [(ld, "next", "next", 0)]  # seccomp_data.nr is at offset 0
+    body += [(jeq, "refuse", "next", nr) for nr in numbers]
+    if "socket-unix" in names:
+        body += [
+            (jeq, "next", "allow", SYS_SOCKET[machine]),
+            (ld, "next", "next", 16),  # seccomp_data.args[0], its low word (little-endian)
+            (jeq, "refuse", "allow", socket.AF_UNIX),
+        ]
+    at = {"allow": len(body), "refuse": len(body) + 1}
+    prog = [(code, 0 if t == "next" else at[t] - i - 1, 0 if f == "next" else at[f] - i - 1, k)
+            for i, (code, t, f, k) in enumerate(body)]
     prog += [(ret, 0, 0, allow), (ret, 0, 0, errno_eperm)]
     r, w = os.pipe()
     os.write(w, b"".join(struct.pack("HBBI", *ins) for ins in prog))

@@ -222,6 +222,14 @@ def test_only_allowlisted_device_nodes_can_be_opened(sbxc_task: Task) -> None:
     )
 
 
+URING_NO_SOCKET = ("io_uring_setup", "io_uring mmap", "io_uring socket")  # inside.py uring_unix_connect
+
+
+def _no_uring_socket(trial: dict[str, Any]) -> bool:
+    uring = trial.get("io_uring")
+    return isinstance(uring, dict) and uring.get("stage") in URING_NO_SOCKET
+
+
 @witness("host_sockets")
 def test_no_host_unix_socket_can_be_connected_to(sbxc_task: Task, sbxc_settings: Settings) -> None:
     allowed = {expand(p, sbxc_task.values) for p in sbxc_settings.profile.unix_allowed}
@@ -229,8 +237,9 @@ def test_no_host_unix_socket_can_be_connected_to(sbxc_task: Task, sbxc_settings:
     connected = [t["path"] for t in tried if t.get("ok") and t["path"] not in allowed]
     # A sandbox that refuses socket(AF_UNIX) outright (srt's seccomp filter) leaves a socket file it
     # shows unusable: the task's first step fails before any path is looked up. Only then is what the
-    # host sees not a way out; the task tried every one (the planted socket among them).
-    outright = bool(tried) and all(t.get("stage") == "socket" for t in tried)
+    # host sees not a way out; the task tried every one (the planted socket among them), by socket(2)
+    # and by io_uring (IORING_OP_SOCKET, which no seccomp filter sees): neither made a socket.
+    outright = bool(tried) and all(t.get("stage") == "socket" and _no_uring_socket(t) for t in tried)
     exposed = [
         f"{e['host_path']} at {e['path']}"
         for e in ([] if _task_view(sbxc_task) else _reach(sbxc_task)["sockets"])
