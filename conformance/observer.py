@@ -687,14 +687,20 @@ def joined(seen: Seen, host_pidns: str, classified: dict[int, bool], proc: Path 
     pidns = seen.namespaces.get("pid", "")
     if not pidns or pidns.startswith("error") or pidns == host_pidns:
         return []  # no namespace of its own: nothing can join it
+    now = set()
     for name in procfs.pids(proc):
         p = int(name)
+        now.add(p)
         if p not in classified:
             try:
                 classified[p] = procfs.readlink(f"{proc}/{name}/ns/pid") == pidns \
                     and not _descends(p, seen.pid, proc)
             except OSError:
                 classified[p] = False  # gone already
+    # A pid gone since is forgotten: its number, reused (by a joiner, after the pid space wrapped), is
+    # read again. Reused between two looks (5-30 ms) it would need ~10^6 forks a second.
+    for p in [p for p in classified if p not in now]:
+        del classified[p]
     return sorted(p for p, entered in classified.items() if entered)
 
 

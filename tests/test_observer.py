@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -632,3 +633,25 @@ def test_a_cwd_moved_to_another_mount_of_the_same_directory_is_a_change(
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def _fake_process(proc: Path, pid: int, pidns: str, ppid: int) -> None:
+    (proc / str(pid) / "ns").mkdir(parents=True)
+    (proc / str(pid) / "ns" / "pid").symlink_to(pidns)
+    (proc / str(pid) / "stat").write_text(f"{pid} (x) S {ppid} " + "0 " * 40 + "\n")
+
+
+def test_a_pid_number_reused_by_a_process_entering_the_tasks_namespace_is_read_again(tmp_path: Path) -> None:
+    # `classified` remembered a number, not a process: a host process there at the handshake, gone, its
+    # number taken later by a process entering the task's pid namespace, was never read.
+    task_ns, host_ns = "pid:[4026532001]", "pid:[4026531836]"
+    _fake_process(tmp_path, 10, task_ns, 1)  # the task
+    _fake_process(tmp_path, 100, host_ns, 1)  # a host process at the handshake
+    seen = observer.Seen(pid=10, namespaces={"pid": task_ns}, status={}, environ={}, mounts=(), cgroup="",
+                         proc_stat={}, reached={"pids": [10]})
+    classified = {10: False, 100: False}
+    assert observer.joined(seen, host_ns, classified, tmp_path) == []
+    shutil.rmtree(tmp_path / "100")  # gone...
+    assert observer.joined(seen, host_ns, classified, tmp_path) == []
+    _fake_process(tmp_path, 100, task_ns, 1)  # ...and its number now a joiner's
+    assert observer.joined(seen, host_ns, classified, tmp_path) == [100]
