@@ -538,7 +538,8 @@ def device_allowed(path: str, st: os.stat_result, allowed: Mapping[str, str]) ->
 
 def held(pids: Sequence[int], mounts: Sequence[mountinfo.Mount], namespaces: Mapping[str, str],
          allowed: Mapping[str, str], proc: Path = Path("/proc"), *,
-         task: int | None = None, members: Container[int] | None = None) -> list[dict[str, Any]]:
+         task: int | None = None, members: Container[int] | None = None,
+         unread: list[int] | None = None) -> list[dict[str, Any]]:
     """Every descriptor a process of the task holds that leads out of it: a file or directory on a mount
     outside the task's mount namespace (fdinfo's mnt_id, proc(5); mount ids are unique system-wide), a
     socket of another network namespace, a namespace the task is not in, a pidfd of a process outside
@@ -546,7 +547,8 @@ def held(pids: Sequence[int], mounts: Sequence[mountinfo.Mount], namespaces: Map
     filesystems outside its mount namespace, a device node off the allowlist. Pipes, FIFOs and other
     event descriptors are the task's channels.
     `task`: the process whose network namespace is the task's (default: the first of `pids`);
-    `members`: the processes that are the task's (default: `pids`)."""
+    `members`: the processes that are the task's (default: `pids`); `unread` gets the processes whose
+    descriptors the harness may not list (EACCES: another user's, or not dumpable): cannot tell."""
     mount_ids = {m.mount_id for m in mounts}
     devs = {m.dev for m in mounts}
     net = task if task is not None else (pids[0] if pids else None)
@@ -558,7 +560,9 @@ def held(pids: Sequence[int], mounts: Sequence[mountinfo.Mount], namespaces: Map
         base = view(p, proc)
         try:
             names = sorted(os.listdir(base / "fd"), key=int)
-        except OSError:
+        except OSError as e:
+            if isinstance(e, PermissionError) and unread is not None:
+                unread.append(p)
             continue
         for n in names:
             try:
@@ -718,7 +722,7 @@ def _descends(pid: int, ancestor: int, proc: Path) -> bool:
 
 
 def places_out(pids: Sequence[int], mounts: Sequence[mountinfo.Mount],
-               proc: Path = Path("/proc")) -> list[dict[str, Any]]:
+               proc: Path = Path("/proc"), unread: list[int] | None = None) -> list[dict[str, Any]]:
     """Each process's working directory and root that are on a mount outside the task's mount namespace
     (runc CVE-2024-21626: `runc exec --cwd /proc/self/fd/N` started a process in the container with its
     cwd on the host). An O_PATH open of /proc/PID/cwd is a descriptor of that very mount (the magic link
@@ -730,8 +734,10 @@ def places_out(pids: Sequence[int], mounts: Sequence[mountinfo.Mount],
         for what in ("cwd", "root"):
             try:
                 fd = os.open(base / what, os.O_PATH | os.O_CLOEXEC)
-            except OSError:
-                continue  # gone, or not ours to read
+            except OSError as e:
+                if isinstance(e, PermissionError) and unread is not None:
+                    unread.append(p)  # not ours to read: cannot tell
+                continue  # gone
             try:
                 mnt = _fdinfo(Path(f"/proc/self/fdinfo/{fd}")).get("mnt_id", "")
                 link = _link(base / what)
@@ -861,8 +867,10 @@ def what_it_reaches(
     # the task reaches it through /proc/PID/cwd (where ptrace access allows) or, as that process, by `..`.
     # The task's own network namespace judges sockets: `pids` is sorted, and its first is usually the
     # sandbox's init, which may stay in the host's while the task has one of its own.
-    out["descriptors"] = [*held(pids, mounts, namespaces, asked.devices, proc, task=pid),
-                          *places_out(pids, mounts, proc)]
+    unread: list[int] = []
+    out["descriptors"] = [*held(pids, mounts, namespaces, asked.devices, proc, task=pid, unread=unread),
+                          *places_out(pids, mounts, proc, unread)]
+    out["unread"] = sorted(set(unread))
     if asked.secret:
         carriers = []
         for p in pids:

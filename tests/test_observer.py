@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -655,3 +656,35 @@ def test_a_pid_number_reused_by_a_process_entering_the_tasks_namespace_is_read_a
     assert observer.joined(seen, host_ns, classified, tmp_path) == []
     _fake_process(tmp_path, 100, task_ns, 1)  # ...and its number now a joiner's
     assert observer.joined(seen, host_ns, classified, tmp_path) == [100]
+
+
+def test_a_process_whose_descriptors_the_harness_may_not_read_is_unread_not_clean(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An unprivileged harness gets EACCES on /proc/PID/fd of a process not dumpable (firejail's own,
+    # born setuid, with some of its options) or another user's. Before, that was "gone": held() found
+    # nothing there, and the promise was kept on what was never read.
+    proc = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL)
+    listdir, opener = os.listdir, os.open
+
+    def refused_listdir(path: Any) -> list[str]:
+        if str(path).startswith(f"/proc/{proc.pid}/"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return listdir(path)
+
+    def refused_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if str(path).startswith(f"/proc/{proc.pid}/"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return opener(path, flags, *args, **kwargs)
+
+    try:
+        monkeypatch.setattr(os, "listdir", refused_listdir)
+        monkeypatch.setattr(os, "open", refused_open)
+        unread: list[int] = []
+        assert observer.held([proc.pid], [], {}, {}, unread=unread) == []
+        assert observer.places_out([proc.pid], [], unread=unread) == []
+        monkeypatch.undo()
+        assert unread == [proc.pid, proc.pid, proc.pid]  # its fd directory, its cwd, its root
+    finally:
+        proc.kill()
+        proc.wait()

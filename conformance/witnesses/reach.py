@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from sandbox_conformance.conformance import observer
 from sandbox_conformance.conformance.harness import WitnessSession
 from sandbox_conformance.conformance.plan import Task
@@ -125,6 +127,13 @@ def test_the_task_holds_no_descriptor_that_leads_out(sbxc_task: Task) -> None:
         f"descriptors that lead out of the sandbox: host sees {held}; the task walked {walked}; "
         f"sockets {sockets}"
     )
+    if host.get("unread"):
+        # Nothing found, but not everything read: a process of the task's pid namespace whose
+        # descriptors, cwd or root the harness may not read (an unprivileged harness, a process of
+        # another user's or not dumpable: firejail's own, setuid-born). Unknown is never a pass.
+        pytest.skip(f"cannot tell what host pids {host['unread']} of the task's pid namespace hold: the "
+                    "harness may not read their /proc/PID/fd, cwd or root (EACCES: another user's, or not "
+                    "dumpable); run as root to see them")
 
 
 @witness("secrets")
