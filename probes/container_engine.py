@@ -237,7 +237,10 @@ def attempt(host: Host, cli: str, path: str) -> Attempt:
         env = cli_env(host)
         if cli == "podman" and host.euid != 0:
             env = stack.enter_context(rootless_scratch(env, host.euid))
-        done = host.runner(argv, timeout=limit, env=env)
+        # Once more, with a longer bound, if it timed out (Host.trial): on a busy machine `docker info`
+        # took 5.8 s and `podman info` 10.5 s (a loaded CI run's container lab), and an engine that
+        # answers late is an engine, not "could not tell".
+        done = host.trial(argv, timeout=limit, env=env)
     info = parse_docker_info(done) if cli == "docker" else parse_podman_info(done)
     if info is not None:
         return Attempt(cli, path, ep, None, info, "")

@@ -353,3 +353,21 @@ def test_the_rootless_podman_probe_leaves_no_pause_process_and_no_state(root_onl
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         owner.rmtree(str(top))
+
+
+def test_a_docker_that_answers_after_its_first_bound_is_asked_again_with_a_longer_one(
+    root, bindir, listening, monkeypatch,
+):
+    """A busy machine: `docker info` past CLI_TIMEOUT once (5.8 s in a loaded CI run) is an engine that
+    answers late, not "could not tell"; the second try has RETRY_FACTOR times the bound."""
+    monkeypatch.setattr(ce, "CLI_TIMEOUT", 0.3)
+    out = json.dumps(INFO)
+    calls = bindir / "docker.calls"
+    shim(bindir, "docker", f"""\
+        [ -e "{calls}" ] || {{ echo first > "{calls}"; exec /bin/sleep 5; }}
+        echo again >> "{calls}"
+        printf '%s\\n' '{out}'
+        """)
+    f = probe(host(root, bindir))
+    assert calls.read_text().split() == ["first", "again"]
+    assert f.verdict is Verdict.supported, f.reason
