@@ -405,7 +405,9 @@ def test_a_hung_guest_command_is_stopped_at_its_timeout_and_qemu_exits(tmp_path,
     r = run_in_vm(["sh", "-c", "echo started; sleep 600"], workdir=tmp_path, timeout=3, image=image)
     assert r.exit_code == 124, (r.error, r.console[-1000:])
     assert r.stdout == "started\n"
-    assert r.wall_seconds < 3 + vm.BOOT_BUDGET
+    # Each boot that hung is killed at BOOT_BUDGET and booted once more (seen in a loaded CI run: one
+    # hung boot, 75 s in all); the command itself is stopped at its 3 s, never its 600.
+    assert r.wall_seconds < 3 + vm.BOOT_BUDGET * (1 + r.hung_boots), (r.hung_boots, r.boot_seconds)
     assert vm.qemu_pids(str(tmp_path)) == []
 
 
