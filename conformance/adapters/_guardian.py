@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sandbox_conformance.processes import children
+
 # The witness's own launch timeout is 30 s by default: the container is stopped, and cleaned up, first.
 RUN_TIMEOUT = 25.0
 
@@ -58,19 +60,12 @@ def told(prefix: str) -> tuple[Path, str] | None:
 
 
 def run_cleanup(argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
-    """A clean-up command in a session of its own, its whole group killed after CLEANUP_TIMEOUT: the
-    clean-up after it (the workspace's removal) runs whatever this one did."""
-    proc = subprocess.Popen(list(argv), env=dict(env) if env is not None else None, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        proc.wait(timeout=CLEANUP_TIMEOUT)
-    except subprocess.TimeoutExpired:
+    """A clean-up command, bounded (processes/children.py run: a session of its own, its whole group
+    killed at CLEANUP_TIMEOUT): the clean-up after it (the workspace's removal) runs whatever it did."""
+    done = children.run(argv, timeout=CLEANUP_TIMEOUT, env=env)
+    if done.timed_out:
         name = os.path.basename(argv[0])
         print(f"clean-up {name}: no end after {CLEANUP_TIMEOUT:g}s: killed", file=sys.stderr)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def run_with_guardian(
