@@ -114,8 +114,7 @@ def dead(pid: int | str, state: object, proc: Path = Path("/proc")) -> bool:
         text = _read(proc / str(pid) / "status")
     except OSError:
         return True
-    threads = next((line[len("Threads:"):].strip() for line in text.splitlines()
-                    if line.startswith("Threads:")), "1")
+    threads = _status(text, ("Threads",)).get("Threads", "1")
     return not threads.isdigit() or int(threads) <= 1
 
 
@@ -214,11 +213,11 @@ def _stripped(path: Path) -> str:
     return path.read_text().strip()
 
 
-def _status(text: str) -> dict[str, str]:
+def _status(text: str, keys: Sequence[str] = STATUS_KEYS) -> dict[str, str]:
     out = {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key in STATUS_KEYS:
+        if key in keys:
             out[key] = value.strip()
     return out
 
@@ -593,7 +592,7 @@ def _tgid(tid: int, proc: Path) -> int | None:
         text = _read(proc / str(tid) / "status")
     except OSError:
         return None
-    tgid = next((line[len("Tgid:"):].strip() for line in text.splitlines() if line.startswith("Tgid:")), "")
+    tgid = _status(text, ("Tgid",)).get("Tgid", "")
     return int(tgid) if tgid.isdigit() else None
 
 
