@@ -1081,31 +1081,37 @@ def unix_trials(paths: "Sequence[str]", roots: "Sequence[str]") -> "list[dict[st
         if p not in found:
             found.append(p)
     out: list[dict[str, object]] = []
-    for path in found[:200]:
-        try:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        except OSError as e:
-            # No unix socket by socket(2) (srt's seccomp filter refuses socket(AF_UNIX)): refused by
-            # the first step, unless io_uring makes and connects one past the filter.
-            uring = uring_unix_connect(path)
-            if uring.get("ok"):
-                out.append(dict(uring, path=path))
-            else:
-                out.append({"path": path, "ok": False, "errno": errname(e), "stage": "socket",
-                            "io_uring": uring})
-            continue
-        s.settimeout(0.5)
-        try:
-            _connect_long(s, path)
-        except OSError as e:
-            if e.errno == errno.EPROTOTYPE:  # a datagram socket: try it as one
-                out.append(dict(_dgram(path), path=path, type="dgram"))
-            else:
-                out.append({"path": path, "ok": False, "errno": errname(e)})
-            continue
-        finally:
-            s.close()
-        out.append({"path": path, "ok": True, "errno": None})
+    ring = None  # one io_uring, made at the first refusal of socket(2), for every path after it
+    try:
+        for path in found[:200]:
+            try:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            except OSError as e:
+                # No unix socket by socket(2) (srt's seccomp filter refuses socket(AF_UNIX)): refused by
+                # the first step, unless io_uring makes and connects one past the filter.
+                ring = open_ring() if ring is None else ring
+                uring = uring_unix_connect(path, ring)
+                if uring.get("ok"):
+                    out.append(dict(uring, path=path))
+                else:
+                    out.append({"path": path, "ok": False, "errno": errname(e), "stage": "socket",
+                                "io_uring": uring})
+                continue
+            s.settimeout(0.5)
+            try:
+                _connect_long(s, path)
+            except OSError as e:
+                if e.errno == errno.EPROTOTYPE:  # a datagram socket: try it as one
+                    out.append(dict(_dgram(path), path=path, type="dgram"))
+                else:
+                    out.append({"path": path, "ok": False, "errno": errname(e)})
+                continue
+            finally:
+                s.close()
+            out.append({"path": path, "ok": True, "errno": None})
+    finally:
+        if isinstance(ring, _Ring):
+            ring.close()
     return out
 
 
@@ -1134,14 +1140,20 @@ class _Ring:
         # struct io_cqring_offsets at 80: head, tail, ring_mask, ring_entries, overflow, cqes.
         sq = struct.unpack_from("IIIIIIIIQ", raw, 40)
         cq = struct.unpack_from("IIIIIIIIQ", raw, 80)
-        self.sq_head, self.sq_tail, self.sq_mask, self.sq_array = sq[0], sq[1], sq[2], sq[6]
-        self.cq_head, self.cq_tail, self.cq_mask, self.cqes = cq[0], cq[1], cq[2], cq[5]
+        self.sq_tail, self.sq_mask, self.sq_array = sq[1], sq[2], sq[6]
+        self.cq_head, self.cq_mask, self.cqes = cq[0], cq[2], cq[5]
         shared = mmap.MAP_SHARED
         rw = mmap.PROT_READ | mmap.PROT_WRITE
-        self.sq = mmap.mmap(self.fd, self.sq_array + sq_entries * 4, shared, rw,
-                            offset=IORING_OFF_SQ_RING)
-        self.cq = mmap.mmap(self.fd, self.cqes + cq_entries * 16, shared, rw, offset=IORING_OFF_CQ_RING)
-        self.sqes = mmap.mmap(self.fd, sq_entries * 64, shared, rw, offset=IORING_OFF_SQES)
+        self.maps: list[mmap.mmap] = []  # in a function: never evaluated (PEP 526)
+        try:
+            for size, offset in ((self.sq_array + sq_entries * 4, IORING_OFF_SQ_RING),
+                                 (self.cqes + cq_entries * 16, IORING_OFF_CQ_RING),
+                                 (sq_entries * 64, IORING_OFF_SQES)):
+                self.maps.append(mmap.mmap(self.fd, size, shared, rw, offset=offset))
+        except BaseException:
+            self.close()  # the ring's descriptor too: a map refused must not leave it open
+            raise
+        self.sq, self.cq, self.sqes = self.maps
 
     def run(self, opcode: int, fd: int, addr: int = 0, length: int = 0, off: int = 0) -> int:
         """One request; its result (a descriptor, 0, or -errno)."""
@@ -1162,25 +1174,35 @@ class _Ring:
         return int(res)
 
     def close(self) -> None:
-        for m in (self.sq, self.cq, self.sqes):
+        for m in self.maps:
             m.close()
         os.close(self.fd)
+
+
+def open_ring() -> "_Ring | dict[str, object]":
+    """A ring, or why there is none (the trial's record: the stage that refused, and its errno)."""
+    try:
+        return _Ring()
+    except _Refused as e:
+        return {"ok": False, "errno": str(e), "stage": "io_uring_setup"}
+    except (OSError, ValueError) as e:  # the rings would not map
+        why = errname(e) if isinstance(e, OSError) else None
+        return {"ok": False, "errno": why, "stage": "io_uring mmap"}
 
 
 class _Refused(Exception):
     """io_uring_setup(2) refused, with the errno's name."""
 
 
-def uring_unix_connect(path: str) -> "dict[str, object]":
+def uring_unix_connect(path: str, ring: "_Ring | dict[str, object] | None" = None) -> "dict[str, object]":
     """socket(AF_UNIX) and connect(2) to `path` as io_uring requests: what a task refused the syscalls
-    by a seccomp filter still reaches where io_uring is open to it."""
-    try:
-        ring = _Ring()
-    except _Refused as e:
-        return {"ok": False, "errno": str(e), "stage": "io_uring_setup"}
-    except (OSError, ValueError) as e:  # the rings would not map
-        why = errname(e) if isinstance(e, OSError) else None
-        return {"ok": False, "errno": why, "stage": "io_uring mmap"}
+    by a seccomp filter still reaches where io_uring is open to it. `ring`: one open_ring() made for
+    every path (its refusal then stands for each); None: a ring of its own, closed after."""
+    own = ring is None
+    if ring is None:
+        ring = open_ring()
+    if isinstance(ring, dict):
+        return dict(ring)
     try:
         encoded = path.encode()
         if len(encoded) >= 100:
@@ -1203,7 +1225,8 @@ def uring_unix_connect(path: str) -> "dict[str, object]":
                 break
         return last
     finally:
-        ring.close()
+        if own:
+            ring.close()
 
 
 def _dgram(path: str) -> "dict[str, object]":
