@@ -1228,6 +1228,13 @@ class Watch:
                 if self.signalled.is_set() and not self._unread(self._followed):
                     return  # gone after the handshake: the task is over
                 continue
+            if self._unread_since is not None and not self._unread_told:
+                # Unreadable while it ran, and readable again: no exit goes that way (an exiting task
+                # never comes back), so something hid it between looks. Short gaps, repeated, would
+                # otherwise each stay under UNREAD_SECONDS.
+                self._unread_told = True
+                self.changes.append(f"the host could not read the task (pid {self._followed}) at a look "
+                                    "while it ran, and could again after: nothing was compared then")
             self._unread_since = None
             self.looks += 1
             if not self.signalled.is_set():

@@ -688,3 +688,27 @@ def test_a_process_whose_descriptors_the_harness_may_not_read_is_unread_not_clea
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_task_unreadable_in_short_gaps_while_it_runs_is_a_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A sandbox author's way past UNREAD_SECONDS: hide the task from the host's reading in gaps shorter
+    # than it, again and again. An exiting task never becomes readable again, so one gap is enough.
+    task = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL)
+    watch = observer.Watch("t", "n", protected=(), host_namespaces={})
+    readings = iter([None, None, {}, None, {}])
+    monkeypatch.setattr(observer, "snapshot", lambda pid, proc=Path("/proc"): next(readings, {}))
+    watch._followed, watch._followed_start = task.pid, observer.host_task(task.pid)
+    watch._reference = {}
+    watch.signalled.set()
+    looker = threading.Thread(target=watch._look, daemon=True)
+    try:
+        looker.start()
+        deadline = time.monotonic() + 10
+        while not watch.changes and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(watch.changes) == 1 and "could again after" in watch.changes[0], watch.changes
+    finally:
+        watch._stop.set()
+        looker.join(timeout=5)
+        task.kill()
+        task.wait()
