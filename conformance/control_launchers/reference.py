@@ -632,6 +632,9 @@ def _seccomp_fd(names: Sequence[str]) -> int:
     import socket
     import struct
 
+    unknown = sorted(set(names) - {"unshare", "socket-unix"})
+    if unknown:  # a control whose filter refused nothing would prove nothing
+        raise SandboxNotSetUp(f"--seccomp-refuse: unknown {', '.join(unknown)} (unshare, socket-unix)")
     machine = os.uname().machine
     numbers = [SYS_UNSHARE[machine] for n in names if n == "unshare"]
     ld, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
