@@ -424,17 +424,10 @@ def test_a_task_the_host_cannot_read_while_it_runs_is_a_change_and_the_looks_go_
     # Before, the first look after the handshake that could not read the task (a cwd on a FUSE mount
     # answering EIO) ended the looks for good, with nothing said: `unchanged` compared nothing after.
     task = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL)
-    watch = observer.Watch("t", "n", protected=(), host_namespaces={})
     monkeypatch.setattr(observer, "snapshot", lambda pid, proc=Path("/proc"): None)
     monkeypatch.setattr(observer, "UNREAD_SECONDS", 0.2)
-    watch._followed, watch._followed_start = task.pid, observer.host_task(task.pid)
-    watch.signalled.set()
-    looker = threading.Thread(target=watch._look, daemon=True)
     try:
-        looker.start()
-        deadline = time.monotonic() + 10
-        while not watch.changes and time.monotonic() < deadline:
-            time.sleep(0.02)
+        watch, looker = _looking(task)
         assert len(watch.changes) == 1 and "could not read the task" in watch.changes[0], watch.changes
         assert looker.is_alive()  # still looking
         time.sleep(0.3)
@@ -694,21 +687,29 @@ def test_a_task_unreadable_in_short_gaps_while_it_runs_is_a_change(monkeypatch: 
     # A sandbox author's way past UNREAD_SECONDS: hide the task from the host's reading in gaps shorter
     # than it, again and again. An exiting task never becomes readable again, so one gap is enough.
     task = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL)
-    watch = observer.Watch("t", "n", protected=(), host_namespaces={})
     readings = iter([None, None, {}, None, {}])
     monkeypatch.setattr(observer, "snapshot", lambda pid, proc=Path("/proc"): next(readings, {}))
-    watch._followed, watch._followed_start = task.pid, observer.host_task(task.pid)
-    watch._reference = {}
-    watch.signalled.set()
-    looker = threading.Thread(target=watch._look, daemon=True)
+    watch, looker = _looking(task, _reference={})
     try:
-        looker.start()
-        deadline = time.monotonic() + 10
-        while not watch.changes and time.monotonic() < deadline:
-            time.sleep(0.02)
         assert len(watch.changes) == 1 and "could again after" in watch.changes[0], watch.changes
     finally:
         watch._stop.set()
         looker.join(timeout=5)
         task.kill()
         task.wait()
+
+
+def _looking(task: subprocess.Popen[bytes], **watch_state: Any) -> tuple[observer.Watch, threading.Thread]:
+    """A watch of `task` past its handshake, its looks running in a thread, and its first change
+    awaited (10 s)."""
+    watch = observer.Watch("t", "n", protected=(), host_namespaces={})
+    watch._followed, watch._followed_start = task.pid, observer.host_task(task.pid)
+    for name, value in watch_state.items():
+        setattr(watch, name, value)
+    watch.signalled.set()
+    looker = threading.Thread(target=watch._look, daemon=True)
+    looker.start()
+    deadline = time.monotonic() + 10
+    while not watch.changes and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return watch, looker
