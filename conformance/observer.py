@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from sandbox_conformance.conformance.claims import NONE, Claimed, Claims
-from sandbox_conformance.kernel import mountinfo, procfs
+from sandbox_conformance.kernel import acl, mountinfo, procfs
 from sandbox_conformance.kernel.cgroupfs import own_cgroup
 from sandbox_conformance.kernel.errnos import errname
 from sandbox_conformance.probes.finding import EMPTY
@@ -394,14 +394,9 @@ def unreachable(root: Path, mount_point: str, creds: Creds) -> bool:
         path = path / part
         try:
             st = os.stat(path)
-        except OSError:
+            ok = _permits(path, st, creds, acl.EXECUTE)
+        except (OSError, ValueError):
             return False  # cannot tell: judged as reachable, never as a pass
-        if st.st_uid == creds.fsuid:
-            ok = bool(st.st_mode & stat.S_IXUSR)
-        elif st.st_gid == creds.fsgid or st.st_gid in creds.groups:
-            ok = bool(st.st_mode & stat.S_IXGRP)
-        else:
-            ok = bool(st.st_mode & stat.S_IXOTH)
         if not ok and not creds.maps(st.st_uid):
             return True
     return False
@@ -762,15 +757,20 @@ def host_sockets(proc: Path = Path("/proc")) -> tuple[str, ...]:
     return tuple(sorted(set(out)))[:500]
 
 
-def _may_write(st: os.stat_result, creds: Creds) -> bool:
+def _permits(path: Path, st: os.stat_result, creds: Creds, want: int) -> bool:
+    """The kernel's permission check for the task's fsuid and groups on `path`, its access ACL
+    included (kernel/acl.py): mode bits alone refuse ids a named ACL entry lets through."""
+    return acl.permits(st, acl.read(path), creds.fsuid, creds.groups | {creds.fsgid}, want)
+
+
+def _may_write(path: Path, st: os.stat_result, creds: Creds) -> bool:
     # connect(2) to a path socket needs write permission on it (net/unix/af_unix.c unix_find_bsd).
     if creds.fsuid == 0 and creds.maps(0):
         return True
-    if st.st_uid == creds.fsuid:
-        return bool(st.st_mode & stat.S_IWUSR)
-    if st.st_gid == creds.fsgid or st.st_gid in creds.groups:
-        return bool(st.st_mode & stat.S_IWGRP)
-    return bool(st.st_mode & stat.S_IWOTH)
+    try:
+        return _permits(path, st, creds, acl.WRITE)
+    except (OSError, ValueError):
+        return True  # cannot tell: judged as usable, never as a pass
 
 
 def exposed(paths: Sequence[str], root: Path, mounts: Sequence[mountinfo.Mount],
@@ -787,14 +787,15 @@ def exposed(paths: Sequence[str], root: Path, mounts: Sequence[mountinfo.Mount],
         if where is None:
             continue
         for exp in mountinfo.exposures(mounts, where):
+            seen = root / exp.path.lstrip("/")
             try:
-                st = os.stat(root / exp.path.lstrip("/"))
+                st = os.stat(seen)
             except OSError:
                 continue
             if (st.st_dev, st.st_ino) != (host_st.st_dev, host_st.st_ino):
                 continue
             usable = creds is None or (
-                (_may_write(st, creds) if stat.S_ISSOCK(st.st_mode) else True)
+                (_may_write(seen, st, creds) if stat.S_ISSOCK(st.st_mode) else True)
                 and not unreachable(root, os.path.dirname(exp.path), creds)
             )
             out.append(
