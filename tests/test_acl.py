@@ -36,14 +36,18 @@ def _set(path: Path, mode: int, extra: Sequence[tuple[int, int, int]], mask: int
     os.setxattr(path, acl.XATTR, _xattr(entries))
 
 
-def _kernel_says(path: Path, uid: int, gid: int, groups: Sequence[int], *wants: int) -> list[bool]:
-    """access(2) of each of `wants` as `uid` with no capabilities: setresuid away from 0 clears the
-    effective set (capabilities(7), "Effect of user ID changes on capabilities")."""
+def _kernel_says(path: Path, base: Path, uid: int, gid: int, groups: Sequence[int],
+                 *wants: int) -> list[bool]:
+    """access(2) of each of `wants` as `uid` with no capabilities (setresuid away from 0 clears the
+    effective set, capabilities(7), "Effect of user ID changes on capabilities"), on `path` relative
+    to `base`, entered as root: the directories above `base` are not asked."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
             os.close(r)
+            os.chdir(base)
+            path = path.relative_to(base)
             os.setgroups(list(groups))
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
@@ -59,16 +63,11 @@ def _kernel_says(path: Path, uid: int, gid: int, groups: Sequence[int], *wants: 
 
 
 @pytest.fixture
-def searchable() -> Iterator[Path]:
-    """A directory every uid can search (pytest's tmp_path sits under a 0700 directory of root's)."""
+def searchable(tmp_path: Path) -> Path:
     if os.geteuid() != 0:
         pytest.skip("setting ids for the kernel's check needs root")
-    d = Path(tempfile.mkdtemp(prefix="sbxc-acl-"))
-    try:
-        d.chmod(0o755)
-        yield d
-    finally:
-        shutil.rmtree(d)
+    tmp_path.chmod(0o755)
+    return tmp_path
 
 
 @pytest.fixture
@@ -108,7 +107,7 @@ def test_the_check_agrees_with_the_kernel(inode: Path, mode: int, extra: list[tu
     # access(2) checks X_OK on a regular file only if some x bit is set: ask for it where one is.
     wants = [acl.READ, acl.WRITE, acl.READ | acl.WRITE] + ([acl.EXECUTE] if st.st_mode & 0o111 else [])
     for uid, gid, groups in WHO:
-        said = _kernel_says(inode, uid, gid, groups, *wants)
+        said = _kernel_says(inode, inode.parent, uid, gid, groups, *wants)
         ours = [acl.permits(st, entries, uid, [gid, *groups], want) for want in wants]
         assert ours == said, (oct(mode), extra, mask, uid, gid, groups, wants)
 
@@ -143,7 +142,7 @@ def test_a_directory_the_mode_refuses_but_an_acl_lets_search_is_reachable(search
     except OSError as e:
         pytest.skip(f"{tmp_path} keeps no POSIX ACLs: {e.strerror}")
     assert not observer.unreachable(tmp_path, "/var/locked/inner", task)
-    assert _kernel_says(locked / "inner", 1000, 1000, [], os.X_OK) == [True]
+    assert _kernel_says(locked / "inner", tmp_path, 1000, 1000, [], os.X_OK) == [True]
     # Granted to a group the task is not in: still unreachable.
     _set(locked, 0o700, [(acl.GROUP, 1, 2000)], 1)
     assert observer.unreachable(tmp_path, "/var/locked/inner", task)
@@ -151,8 +150,23 @@ def test_a_directory_the_mode_refuses_but_an_acl_lets_search_is_reachable(search
     assert not observer.unreachable(tmp_path, "/var/locked/inner", task._replace(groups=frozenset({2000})))
 
 
-def test_a_host_socket_the_mode_refuses_but_an_acl_lets_write_is_usable(searchable: Path) -> None:
-    tmp_path = searchable
+@pytest.fixture
+def open_to_all() -> Iterator[Path]:
+    """A directory whose whole path every uid can search: the observer walks the path from the
+    task's root, and pytest's tmp_path sits under a 0700 directory of root's."""
+    if os.geteuid() != 0:
+        pytest.skip("setting ids for the kernel's check needs root")
+    d = Path(tempfile.mkdtemp(prefix="sbxc-acl-", dir="/tmp"))
+    try:
+        d.chmod(0o755)
+        assert _kernel_says(d, Path("/"), 1000, 1000, [], os.X_OK) == [True], "/tmp must be open to all"
+        yield d
+    finally:
+        shutil.rmtree(d)
+
+
+def test_a_host_socket_the_mode_refuses_but_an_acl_lets_write_is_usable(open_to_all: Path) -> None:
+    tmp_path = open_to_all
     path = tmp_path / "daemon.sock"
     with socket.socket(socket.AF_UNIX) as srv:
         srv.bind(str(path))
@@ -174,6 +188,6 @@ def test_a_host_socket_the_mode_refuses_but_an_acl_lets_write_is_usable(searchab
             pytest.skip(f"{tmp_path} keeps no POSIX ACLs: {e.strerror}")
         assert usable()
         # What the kernel does with that ACL: connect(2) as uid 1000 succeeds.
-        assert _kernel_says(path, 1000, 1000, [], os.W_OK) == [True]
+        assert _kernel_says(path, tmp_path, 1000, 1000, [], os.W_OK) == [True]
         _set(path, 0o600, [(acl.USER, 6, 1000)], 4)  # the mask takes the write away
         assert not usable()
