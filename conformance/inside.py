@@ -1203,10 +1203,19 @@ def uring_unix_connect(path: str, ring: "_Ring | dict[str, object] | None" = Non
         ring = open_ring()
     if isinstance(ring, dict):
         return dict(ring)
+    dir_fd = -1
     try:
         encoded = path.encode()
         if len(encoded) >= 100:
-            return {"ok": False, "errno": None, "stage": "path", "error": "a path past sun_path's 108 bytes"}
+            # As _connect_long: the directory by a magic link of /proc/self/fd, which the kernel
+            # resolves at connect time whoever opened it (the ring's requests run as this task).
+            try:
+                dir_fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
+            except OSError as e:
+                return {"ok": False, "errno": errname(e), "stage": "path"}
+            encoded = ("/proc/self/fd/" + str(dir_fd) + "/" + os.path.basename(path)).encode()
+            if len(encoded) >= 108:
+                return {"ok": False, "errno": None, "stage": "path", "error": "a name past sun_path"}
         addr = ctypes.create_string_buffer(struct.pack("H", socket.AF_UNIX) + encoded + b"\0")
         last: dict[str, object] = {}
         for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
@@ -1225,6 +1234,8 @@ def uring_unix_connect(path: str, ring: "_Ring | dict[str, object] | None" = Non
                 break
         return last
     finally:
+        if dir_fd >= 0:
+            os.close(dir_fd)
         if own:
             ring.close()
 

@@ -4,6 +4,7 @@ connect(2) does not see."""
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -27,3 +28,28 @@ def test_io_uring_connects_to_a_stream_and_a_datagram_socket_and_names_what_refu
     finally:
         stream.close()
         dgram.close()
+
+
+
+def test_io_uring_reaches_a_socket_past_sun_paths_length(tmp_path: Path) -> None:
+    # sun_path holds 108 bytes (unix(7)): a socket deeper than that is still a way out, and the plain
+    # syscall path reaches it through /proc/self/fd (inside._connect_long); io_uring must too.
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    path = str(deep / "s")
+    assert len(path.encode()) > 108
+    stream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd = os.open(deep, os.O_PATH | os.O_DIRECTORY)
+    try:
+        stream.bind(f"/proc/self/fd/{fd}/s")  # bind(2) has the same limit
+        stream.listen(1)
+        want = {"ok": True, "errno": None, "via": "io_uring", "type": "stream"}
+        assert inside.uring_unix_connect(path) == want
+        stream.settimeout(5)
+        stream.accept()[0].close()
+        assert inside.uring_unix_connect(str(deep / "none"))["errno"] == "ENOENT"
+        refused = {"ok": False, "errno": "ENOENT", "stage": "path"}
+        assert inside.uring_unix_connect(str(deep / "x" / "s")) == refused
+    finally:
+        os.close(fd)
+        stream.close()
