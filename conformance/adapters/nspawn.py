@@ -17,7 +17,11 @@ is a NEW named v1 hierarchy (`name=sbxc-nspawn-ID`, no controllers: nothing of t
 /run/systemd a tmpfs (nspawn's propagation and volatile directories). Afterwards its cgroups are
 removed and the mount dropped, which destroys the hierarchy (cgroups(7): a v1 hierarchy with no child
 cgroups goes with its last mount). A guardian (oci.py's design) does the same by the hierarchy's
-name if the launcher is killed: it kills what is still in it (the task: the `lifecycle` promise)."""
+name if the launcher is killed: it kills what is still in it (the task: the `lifecycle` promise).
+A hierarchy's name has no room for an owner's stamp to be found by (and is no directory a sweep
+lists), so a stamped directory stands for it (`sbxc-nspawn-h-<guardian's stamp>-`): if the launcher
+and the guardian both die, the next run's sweep runs the command recorded there, which sweeps the
+hierarchy by name, then removes the directory (processes/owner.py)."""
 
 from __future__ import annotations
 
@@ -40,8 +44,12 @@ from sandbox_conformance.conformance.profile import expand
 from sandbox_conformance.processes import owner
 
 HOSTNAME = "sbxc-task"
+HIERARCHY_PREFIX = "sbxc-nspawn-"
+LABEL_PREFIX = "sbxc-nspawn-h-"  # the stamped directory standing for a live hierarchy
 RUN_TIMEOUT = _guardian.RUN_TIMEOUT
-SWEEP_TIMEOUT = 20.0  # seconds for one hierarchy's sweep (kill, rmdir, umount)
+MODULE = "sandbox_conformance.conformance.adapters.nspawn"
+SWEEP_TIMEOUT = 20.0  # seconds for one hierarchy's sweep (kill, rmdir, umount), all passes
+SWEEP_PASSES = 3
 NEED_ROOT = "systemd-nspawn needs root (it refuses otherwise: \"Need to be root\"): run without --as-user"
 
 FLAGS = (
@@ -88,6 +96,9 @@ for i in $(seq 50); do
     sleep 0.1
 done
 find /sys/fs/cgroup/systemd -mindepth 1 -depth -type d -exec rmdir {} + 2>/dev/null
+# A removed cgroup stays its parent's child until it is released, after an RCU grace period; an
+# unmount before then keeps the hierarchy alive (see sweep_hierarchy; 0.1 s: measured enough here).
+sleep 0.1
 umount /sys/fs/cgroup/systemd
 exit $rc
 """
@@ -105,7 +116,25 @@ def unavailable(euid: int | None = None) -> str | None:
 
 def sweep_hierarchy(name: str) -> None:
     """Mount hierarchy `name` (if it still exists), kill what is in it, remove its cgroups, unmount: the
-    hierarchy is then destroyed. Run in a mount namespace of its own, so the host sees no mount."""
+    hierarchy is then destroyed. Run in a mount namespace of its own, so the host sees no mount.
+
+    Once more if it is still there after: a removed cgroup leaves its parent's list of children only
+    when its last reference goes (kernel/cgroup/cgroup.c css_release_work_fn, after an RCU grace
+    period), and an unmount that finds a child still listed keeps the hierarchy (cgroup1_kill_sb), now
+    with no mount to remove it through (measured here: rmdir, then umount at once, left it listed in
+    /proc/self/cgroup for good, 5 times in 5; with 0.1 s between, 0 in 5; a second mount and unmount
+    destroyed it). Each pass waits that long before it unmounts; under load it may not be enough."""
+    deadline = time.monotonic() + SWEEP_TIMEOUT
+    for _ in range(SWEEP_PASSES):
+        _sweep_pass(name, max(0.5, deadline - time.monotonic()))
+        settled = time.monotonic() + 0.3  # the hierarchy itself goes an RCU grace period after its umount
+        while known(name) and time.monotonic() < settled:
+            time.sleep(0.05)
+        if not known(name) or time.monotonic() >= deadline:
+            return
+
+
+def _sweep_pass(name: str, timeout: float) -> None:
     # Stamped: a sweeper killed mid-way (a guardian still at it when the harness judges the launch's
     # leftovers) leaves this empty directory to the next run's sweep (processes/owner.py).
     mnt = tempfile.mkdtemp(prefix=f"sbxc-nspawn-cg-{owner.stamp()}-")
@@ -115,7 +144,7 @@ def sweep_hierarchy(name: str) -> None:
         '  for p in $(cat "$f"); do kill -9 "$p" 2>/dev/null; done; done; '
         'for i in 1 2 3 4 5 6 7 8 9 10; do '
         '  find "$2" -mindepth 1 -depth -type d -exec rmdir {} + 2>/dev/null && break; sleep 0.2; done; '
-        'umount "$2"'
+        'sleep 0.1; umount "$2"'
     )
     # A session of its own, and on timeout the whole group is killed: subprocess.run's timeout kills
     # only `unshare`, and the shell it execs into leaves its `find`/`sleep` children behind (issue 28).
@@ -125,7 +154,7 @@ def sweep_hierarchy(name: str) -> None:
         start_new_session=True,
     )
     try:
-        sweeper.wait(timeout=SWEEP_TIMEOUT)
+        sweeper.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         pass
     finally:
@@ -143,18 +172,36 @@ def known(name: str) -> bool:
     return any(ln.split(":")[1] == f"name={name}" for ln in lines)
 
 
-def guardian(name: str) -> int:
-    while sys.stdin.buffer.read(4096):
-        pass
+def forget(name: str, label: Path) -> None:
+    """Sweep hierarchy `name` if it is still there, then remove the directory standing for it."""
     if known(name):
         sweep_hierarchy(name)
+    shutil.rmtree(label, ignore_errors=True)
+
+
+def guardian() -> int:
+    """Its first line on stdin names the label and the hierarchy (_guardian.tell); then it waits for
+    the launcher to be gone (EOF, however it died) and sweeps the hierarchy."""
+    named = _guardian.told(LABEL_PREFIX)
+    if named is None or not named[1].startswith(HIERARCHY_PREFIX):
+        return 2
+    label, name = named
+    while sys.stdin.buffer.read(4096):
+        pass
+    forget(name, label)
     return 0
 
 
 def launch(args: Sequence[str], spec: Mapping[str, Any]) -> int:
     values = oci.values_from_spec(spec)
-    name = f"sbxc-nspawn-{os.getpid()}-{secrets.token_hex(3)}"
-    guardian, w = _guardian.start_guardian("sandbox_conformance.conformance.adapters.nspawn", name)
+    name = f"{HIERARCHY_PREFIX}{os.getpid()}-{secrets.token_hex(3)}"
+    guardian, w = _guardian.start_guardian(MODULE)
+    # The guardian's stamp, as oci.py's workspace: while the guardian lives no sweep touches it.
+    start = owner.start_time(guardian.pid)
+    stamp = owner.Stamp(guardian.pid, start, owner.host_key()) if start is not None else owner.mine()
+    label = Path(tempfile.mkdtemp(prefix=f"{LABEL_PREFIX}{stamp}-"))
+    owner.ask_before_removal(label, [[sys.executable, "-m", MODULE, "--sweep", name]])
+    _guardian.tell(w, label, name)
 
     def cleanup() -> None:
         # The hierarchy dies a moment after its last mount (an RCU grace period): wait for it, then
@@ -162,8 +209,7 @@ def launch(args: Sequence[str], spec: Mapping[str, Any]) -> int:
         deadline = time.monotonic() + 2
         while known(name) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if known(name):
-            sweep_hierarchy(name)
+        forget(name, label)
 
     exe = shutil.which("systemd-nspawn") or "systemd-nspawn"
     nspawn = [exe, *(expand(f, values) for f in FLAGS), *args]
@@ -180,13 +226,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m sandbox_conformance.conformance.adapters.nspawn", description=__doc__.splitlines()[0]
     )
-    p.add_argument("--guardian", metavar="HIERARCHY", help=argparse.SUPPRESS)
+    p.add_argument("--guardian", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--sweep", metavar="HIERARCHY", help=argparse.SUPPRESS)
     p.add_argument("args", nargs=argparse.REMAINDER, help="-- the task's argv")
     a = p.parse_args(argv)
     if a.guardian:
-        if not a.guardian.startswith("sbxc-nspawn-"):
-            p.error("--guardian: not one of our hierarchies")
-        return guardian(a.guardian)
+        return guardian()
+    if a.sweep is not None:
+        if not a.sweep.startswith(HIERARCHY_PREFIX):
+            p.error("--sweep: not one of our hierarchies")
+        if known(a.sweep):
+            sweep_hierarchy(a.sweep)
+        return 0
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     if not args:
         p.error("no task argv after --")
