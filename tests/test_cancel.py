@@ -135,6 +135,11 @@ def test_the_prefixes_swept_are_the_ones_the_modules_create() -> None:
         return owner.owned(f"{prefix}{owner.mine()}-abc123")
 
     assert swept(layout.TEMP_PREFIX) and swept(oci.WORKSPACE_PREFIX)
+    # nspawn's hierarchy label, stamped with its guardian's stamp (not this process's), as oci's.
+    from sandbox_conformance.conformance.adapters import nspawn
+
+    assert swept(nspawn.LABEL_PREFIX)
+    assert 'prefix=f"{LABEL_PREFIX}{stamp}-"' in (REPO / "conformance/adapters/nspawn.py").read_text()
     for prefix, where in (("sbxc-vm.", "runners/vm/mode.py"), ("sbxc-kvm-trial-", "runners/vm/qemu.py"),
                           ("sbxc-container.", "runners/container.py"),
                           ("sbxc-controls-", "commands/controls.py")):
