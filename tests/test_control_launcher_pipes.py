@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
+
+import pytest
 
 from sandbox_conformance.conformance.control_launchers import reference
 
@@ -33,3 +36,19 @@ def test_a_writer_that_ends_without_its_line_ends_the_wait_though_we_hold_the_wr
     finally:
         os.close(read)
         os.close(write)
+
+
+@pytest.mark.parametrize("text", [b"not json", b"[1, 2]", b"\xff\xfe", None])
+def test_a_spec_that_is_no_task_spec_is_a_one_line_harness_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        text: bytes | None) -> None:
+    from sandbox_conformance.conformance.launch import SPEC_ENV
+
+    spec = tmp_path / "spec.json"
+    if text is not None:
+        spec.write_bytes(text)
+    monkeypatch.setenv(SPEC_ENV, str(spec))
+    assert reference.main(["--", "true"]) == reference.EX_SOFTWARE
+    err = capsys.readouterr().err
+    assert err.startswith(f"control launcher: ${SPEC_ENV} {spec}: not a task spec"), err
+    assert err.count("\n") == 1 and "Traceback" not in err

@@ -185,7 +185,13 @@ def _spec() -> dict[str, object]:
         raise SandboxNotSetUp(
             f"no --task and ${SPEC_ENV} is not set: run me as the witness suite's --launcher"
         )
-    return dict(json.loads(Path(name).read_text()))
+    try:
+        spec = json.loads(Path(name).read_text())
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise SandboxNotSetUp(f"${SPEC_ENV} {name}: not a task spec: {e}") from None
+    if not isinstance(spec, dict):
+        raise SandboxNotSetUp(f"${SPEC_ENV} {name}: not a task spec: a JSON {type(spec).__name__}")
+    return spec
 
 
 def reference_body(spec: Mapping[str, object], *, disable_userns: bool) -> tuple[str, ...]:
