@@ -295,8 +295,11 @@ def _candidates(s: Signals, rung: Rung, o: TrialOutcome) -> list[Cause]:
     # max_user_namespaces (kernel/ucount.c inc_ucount walks every ancestor). Local 0 is the sysctl;
     # local non-zero means an ANCESTOR set it: a parent sandbox disabled nesting (bwrap >= 0.8
     # --disable-userns writes 1 in its own userns, bubblewrap.c), so the rung is refused here.
+    # In the INITIAL user namespace there is no ancestor: ENOSPC is this namespace's own count for our
+    # user, at its non-zero max_user_namespaces (many namespaces already held: browsers, flatpak).
     if o.errno == "ENOSPC":
-        out.append(Cause.max_user_namespaces if s.max_user_namespaces == 0 else Cause.nested)
+        local = s.max_user_namespaces == 0 or s.userns_initial is True
+        out.append(Cause.max_user_namespaces if local else Cause.nested)
     # EAGAIN from fork/clone: a process limit, cgroup pids.max (kernel/cgroup/pids.c) or RLIMIT_NPROC.
     if o.errno == "EAGAIN":
         if s.pids_exhausted:
@@ -329,7 +332,9 @@ def _candidates(s: Signals, rung: Rung, o: TrialOutcome) -> list[Cause]:
         out.append(Cause.apparmor)
     # Docker's default seccomp profile allows unshare/clone namespace flags, mount and pivot_root
     # only with CAP_SYS_ADMIN (moby profiles/seccomp/default.json).
-    if s.seccomp == 2 and no_admin:
+    # A filter answers with the errno its profile names: Docker's EPERM (SCMP_ACT_ERRNO's default),
+    # never EACCES, which is an LSM's (SELinux user_namespace { create }, a BPF LSM, AppArmor above).
+    if s.seccomp == 2 and no_admin and o.errno != "EACCES":
         out.append(Cause.seccomp)
     # A fresh procfs in a new user namespace is refused (EPERM) when the visible /proc has locked
     # overmounts (fs/namespace.c mount_too_revealing -> mnt_already_visible): Docker's masked paths,
@@ -384,6 +389,10 @@ def _why(cause: Cause, s: Signals) -> str:
         case Cause.no_kernel_userns:
             return "the kernel has no user namespaces (no /proc/self/ns/user: CONFIG_USER_NS=n)"
         case Cause.max_user_namespaces:
+            if s.max_user_namespaces:
+                return (f"this user holds user.max_user_namespaces={s.max_user_namespaces} user namespaces "
+                        "already (ENOSPC in the initial namespace); end some, or raise it (sysctl -w "
+                        "user.max_user_namespaces=15000)")
             return "user.max_user_namespaces=0; raise it (sysctl -w user.max_user_namespaces=15000)"
         case Cause.nested:
             return (f"a parent sandbox disabled nested user namespaces (ENOSPC while the local "

@@ -308,6 +308,15 @@ def decide(request: Request, findings: Sequence[Finding] | Mapping[str, Finding]
 
     # 2. The mode: what was asked for, or what auto finds; each may refuse.
     notes: list[str] = []
+    # Could not tell whether we are inside a sandbox, on Linux: inside one that hands us an engine's
+    # socket, a container would run outside it (step 1's rule). Auto picks nothing; a mode asked for
+    # runs, saying so. Elsewhere (macOS, WSL1) there is no /proc to read: that unknown is the platform's.
+    sb = by["sandboxed"]
+    if sb.verdict is Verdict.unknown and _not_linux(by["platform"]) is None:
+        line = f"could not tell whether this runs inside a sandbox (sandboxed: unknown: {sb.reason})"
+        if request.mode is Mode.auto:
+            return _refuse(f"{line}; auto will not pick a mode here", ways_on=WAYS_ON_UNKNOWN_SANDBOX)
+        notes.append(f"{line}; running because --mode {request.mode.value} was given")
     guard = _deployment(by["deployment"], notes)
     chosen = MODE_CHOOSERS[request.mode](by, guard, notes)
     if isinstance(chosen, Decision):
@@ -335,6 +344,10 @@ class _Guard(NamedTuple):
 # A mode chosen: the mode and why, or the refusal.
 _Chosen = tuple[Mode, list[str]] | Decision
 
+WAYS_ON_UNKNOWN_SANDBOX = (
+    "see `sandbox-conformance probe` for what the sandboxed probe could not read or run",
+    "--mode native or --mode container: run here, knowing this is the host",
+)
 WAYS_ON_DEPLOYMENT = ("--mode container: run the suite in a privileged container on this host",
                       "--mode native: run it natively here, meaning it")
 

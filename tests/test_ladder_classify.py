@@ -704,6 +704,11 @@ def test_no_combined_report_answers_nothing() -> None:
      (D, Cause.max_user_namespaces)),
     (Signals(max_user_namespaces=5), Rung.userns, TrialOutcome(False, Step.unshare, "ENOSPC"), (D,
                                                                                                 Cause.nested)),
+    # ...unless we are in the initial user namespace, which has no parent: our own count is at the limit.
+    (Signals(max_user_namespaces=5, userns_initial=True), Rung.userns,
+     TrialOutcome(False, Step.unshare, "ENOSPC"), (D, Cause.max_user_namespaces)),
+    (Signals(max_user_namespaces=5, userns_initial=False), Rung.userns,
+     TrialOutcome(False, Step.unshare, "ENOSPC"), (D, Cause.nested)),
     # CAP_SYS_ADMIN exempts from AppArmor's restriction and from Docker's seccomp rule.
     (Signals(apparmor_restrict=1, cap_eff=int(ROOT_CAPS, 16)), Rung.userns_map,
      TrialOutcome(False, Step.uid_map, "EPERM"), (D, Cause.unclassified)),
@@ -711,6 +716,10 @@ def test_no_combined_report_answers_nothing() -> None:
      (D, Cause.unclassified)),
     (Signals(seccomp=2, cap_eff=0, euid=1000), Rung.userns, TrialOutcome(False, Step.unshare, "EPERM"),
      (D, Cause.seccomp)),
+    # EACCES is an LSM's answer (SELinux, a BPF LSM), never Docker's filter: a unit's SystemCallFilter=
+    # (Seccomp: 2) beside it is no cause.
+    (Signals(seccomp=2, cap_eff=0, euid=1000), Rung.userns, TrialOutcome(False, Step.unshare, "EACCES"),
+     (D, Cause.unclassified)),
     # Masks only explain the procfs rung.
     (Signals(proc_masks=("/proc/kcore",)), Rung.netns, TrialOutcome(False, Step.bwrap, "EPERM"),
      (D, Cause.unclassified)),

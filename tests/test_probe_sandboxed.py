@@ -125,6 +125,33 @@ def test_nested_refusal_counts_only_when_the_local_sysctls_allow_it(err, euid, m
     assert sandboxed.nested_refused(err, euid=euid, max_userns=max_userns, unpriv_clone=unpriv) is refused
 
 
+def test_enospc_in_the_initial_user_namespace_is_our_own_count_not_a_parent_sandbox(tmp_path):
+    # A user holding max_user_namespaces namespaces already (browsers, flatpak) on the host itself.
+    assert not sandboxed.nested_refused("ENOSPC", euid=1000, max_userns="10", unpriv_clone=None, initial=True)
+    host = fake_host(tmp_path, max_userns="10\n", trial=FakeTrial("ENOSPC"), euid=1000)
+    (host.proc / "self/ns").mkdir()
+    (host.proc / "self/ns/user").symlink_to(f"user:[{sandboxed.USER_INIT_INO}]")
+    (f,) = sandboxed.probe(host)
+    assert f.verdict is Verdict.not_detected, f.reason
+    assert f.evidence["/proc/self/ns/user"] == "user:[4026531837]"
+    # In another user namespace, the same ENOSPC is an ancestor's limit.
+    (host.proc / "self/ns/user").unlink()
+    (host.proc / "self/ns/user").symlink_to("user:[4026532500]")
+    (f,) = sandboxed.probe(host)
+    assert f.verdict is Verdict.detected and f.facts["signals"] == ["nested_userns_refused"]
+
+
+@pytest.mark.parametrize("missing", ["self/uid_map", "self/status", "sys/user/max_user_namespaces"])
+def test_a_signal_that_could_not_be_read_is_unknown_not_a_clean_host(tmp_path, missing):
+    # No /proc (bwrap without --proc, a chroot): nothing fired because nothing could be read. The
+    # nested trial's ENOSPC means nothing without the local limit beside it.
+    host = fake_host(tmp_path, trial=FakeTrial("ENOSPC" if "max_user" in missing else None))
+    (host.proc / missing).unlink()
+    (f,) = sandboxed.probe(host)
+    assert f.verdict is Verdict.unknown, f.reason
+    assert f"/proc/{missing}" in f.reason
+
+
 def test_a_trial_that_did_not_run_is_unknown_when_nothing_else_fired(tmp_path):
     (f,) = sandboxed.probe(fake_host(tmp_path, trial=FakeTrial(timed_out=True)))
     assert f.verdict is Verdict.unknown

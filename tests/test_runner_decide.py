@@ -68,7 +68,14 @@ TABLE = [
     case("auto", "container", bwrap=(U, {"path": None}), container_engine=ENGINE),
     case("auto", "container", platform=DARWIN, bwrap=U, userns=UNK, userns__map=UNK,
          netns=UNK, container_engine=ENGINE),
-    case("auto", "container", sandboxed=UNK, container_engine=ENGINE),
+    # Could not tell whether this is inside a sandbox: on Linux auto picks nothing (inside one that hands
+    # us an engine's socket, a container would run outside it); on macOS there is no /proc to read.
+    case("auto", None, sandboxed=UNK, container_engine=ENGINE),
+    case("auto", None, sandboxed=UNK),
+    case("auto", "container", platform=DARWIN, bwrap=U, userns=UNK, userns__map=UNK, netns=UNK,
+         sandboxed=UNK, container_engine=ENGINE),
+    case("native", "native", sandboxed=UNK),
+    case("container", "container", sandboxed=UNK, container_engine=ENGINE),
     # auto: every rung the reference launcher needs (issue 12: pidns.proc was not read)
     case("auto", None, pidns__proc=MASKED_PROC),
     case("auto", "container", pidns__proc=MASKED_PROC, container_engine=ENGINE),
@@ -353,3 +360,13 @@ def test_a_mode_that_cannot_be_used_is_a_refusal() -> None:
 
     assert issubclass(ContainerUnusable, Refusal) and issubclass(VmUnusable, Refusal)
     assert ContainerUnusable("no image", ("build it",)).ways_on == ("build it",)
+
+
+def test_an_unknown_sandboxed_verdict_is_said_where_a_mode_asked_for_runs_anyway() -> None:
+    refused = decide(Request(Mode.auto), host(sandboxed=UNK, container_engine=ENGINE))
+    assert refused.mode is None and "could not tell whether this runs inside a sandbox" in refused.reasons[0]
+    assert any("--mode native" in w for w in refused.ways_on)
+    ran = decide(Request(Mode.container), host(sandboxed=UNK, container_engine=ENGINE))
+    assert ran.mode is Mode.container
+    assert any("could not tell whether this runs inside a sandbox" in n and "--mode container" in n
+               for n in ran.notes), ran.notes
