@@ -6,7 +6,10 @@ The user declares what a deployment looks like (a *signature*) in TOML; three ar
   (`systemctl [--user] list-units --type=service,scope --state=active --no-legend --plain`) and
   matched on name suffix. Never `is-active` of one guessed name: a renamed unit would pass.
 - config_paths: a declared path (absolute or `~/`-relative) exists.
-- containers: `docker ps` / `podman ps` names matched against glob patterns.
+- containers: `docker ps` / `podman ps` names matched against glob patterns; where a CLI is not on
+  PATH, its engine's sockets are looked at all the same, and one that listens is asked over the
+  Docker-compatible API (`GET /containers/json`): an agent that drives its engine over the API
+  needs no CLI installed.
 
 Signature files, all read and merged as a union (so adding one can only make the guard stricter):
   /etc/sandbox-conformance/deployment.toml
@@ -34,6 +37,7 @@ import fnmatch
 import os
 import pwd
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from sandbox_conformance.probes import container_engine as engines
@@ -255,13 +259,79 @@ def _engine(host: Host, cli: str, path: str, patterns: tuple[str, ...]) -> Arm:
     return Arm("clear", f"{cli}: {len(names)} running container(s), none match")
 
 
+# Where an engine listens when its CLI is not installed (a deployment agent drives it over its API):
+# dockerd's default, podman.socket's rootful and rootless ones (podman-system-service(1)).
+PODMAN_SOCKETS = ("/run/podman/podman.sock", "{XDG_RUNTIME_DIR}/podman/podman.sock")
+API_LIMIT = 4 << 20  # bytes of `GET /containers/json` read: a few thousand containers' worth
+
+
+def _api_names(path: Path, timeout: float) -> list[str]:
+    """The running containers' names, asked of the Docker-compatible API on unix socket `path`
+    (`GET /containers/json`, which dockerd and podman's service both answer: each container's
+    "Names", "/"-prefixed). HTTP/1.0: the server closes after one answer. Raises OSError or ValueError."""
+    import json
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as s:
+        s.settimeout(timeout)
+        s.connect(os.fspath(path))
+        s.sendall(b"GET /containers/json HTTP/1.0\r\nHost: engine\r\n\r\n")
+        data = b""
+        while len(data) < API_LIMIT and (chunk := s.recv(65536)):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    first = head.split(b"\r\n", 1)[0]
+    status = first.split()
+    if len(status) < 2 or status[1] != b"200":
+        raise ValueError(f"the API answered {first.decode(errors='replace')[:80]!r}")
+    doc = json.loads(body)
+    if not isinstance(doc, list):
+        raise ValueError("the API's container list is not a list")
+    return [str(n).lstrip("/") for c in doc if isinstance(c, dict) for n in c.get("Names") or ()]
+
+
+def _engine_without_cli(host: Host, cli: str, patterns: tuple[str, ...]) -> Arm:
+    """No `cli` on PATH: an engine may listen all the same. Nothing listening at its sockets is clear;
+    one that listens is asked over its API, and one that cannot be asked is failed, never clear."""
+    if cli == "docker":
+        # DOCKER_HOST's socket, and the default one beside a tcp:// DOCKER_HOST: the agent need not use it.
+        paths = list(dict.fromkeys(p for p in (engines.endpoint(host, cli).unix_path,
+                                               engines.DOCKER_DEFAULT_SOCKET) if p))
+    else:
+        runtime = host.env.get("XDG_RUNTIME_DIR") or f"/run/user/{host.euid}"
+        paths = [p.replace("{XDG_RUNTIME_DIR}", runtime) for p in PODMAN_SOCKETS]
+    arms = []
+    for path in paths:
+        err = engines.connect_errno(host.path(path))
+        if err in engines.NO_LISTENER:
+            arms.append(Arm("clear", f"{cli}: no CLI on PATH, nothing listening at {path} ({err})"))
+            continue
+        if err is not None:
+            arms.append(Arm("failed", f"{cli}: no CLI on PATH, and {path} listens but refuses us ({err})"))
+            continue
+        try:
+            names = _api_names(host.path(path), min(CMD_TIMEOUT, host.timeout))
+        except (OSError, ValueError) as e:
+            why = "timed out" if isinstance(e, TimeoutError) else str(e)
+            arms.append(Arm("failed", f"{cli}: no CLI on PATH; an engine listens at {path}, and its API "
+                                      f"could not list containers: {why}"))
+            continue
+        hits = tuple(f"container {n} ({cli}, {path})" for n in names
+                     if any(fnmatch.fnmatchcase(n, p) for p in patterns))
+        arms.append(Arm("matched", f"{cli}: {len(hits)} running container(s) match", hits) if hits
+                    else Arm("clear", f"{cli} at {path} (its API: no CLI on PATH): {len(names)} running "
+                                      "container(s), none match"))
+    return combine(arms)
+
+
 def containers_arm(host: Host, sig: Signature) -> Arm:
     if not sig.container_names:
         return Arm("not configured", "no container_names declared")
-    parts = [_engine(host, cli, path, sig.container_names)
-             for cli in ("docker", "podman") if (path := host.which(cli))]
-    if not parts:
-        return Arm("clear", "no docker or podman CLI on PATH")
+    parts = []
+    for cli in ("docker", "podman"):
+        path = host.which(cli)
+        parts.append(_engine(host, cli, path, sig.container_names) if path
+                     else _engine_without_cli(host, cli, sig.container_names))
     return combine(parts)
 
 

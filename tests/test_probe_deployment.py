@@ -4,9 +4,11 @@ and the env var that can only make the guard stricter."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,7 +54,9 @@ class FakeRoot:
         self.root = tmp_path / "root"
         self.bin = tmp_path / "bin"
         self.bin.mkdir(parents=True)
-        self.env = {"HOME": "/home/op", "PATH": f"{self.bin}:/usr/bin:/bin", "XDG_RUNTIME_DIR": "/run/user/0"}
+        # PATH reaches our shims only (they are `#!/bin/sh` scripts using its builtins): this host's real
+        # docker, podman and systemctl would answer for the real host.
+        self.env = {"HOME": "/home/op", "PATH": str(self.bin), "XDG_RUNTIME_DIR": "/run/user/0"}
 
     def file(self, path: str, text: str = "") -> Path:
         p = self.root / path.lstrip("/")
@@ -233,6 +237,78 @@ def test_an_engine_socket_nobody_listens_on_is_clear(fake):
     f = finding(fake.host())  # default socket /var/run/docker.sock absent under the fake root
     assert f.facts["arms"]["containers"] == "clear"
     assert f.verdict is Verdict.not_detected, f.reason
+
+
+@contextlib.contextmanager
+def api(path: Path, answer: bytes) -> Iterator[list[bytes]]:
+    """An engine's API on unix socket `path` that answers every request with `answer` (an HTTP
+    response) and closes, the way dockerd answers HTTP/1.0; the requests it got are yielded."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(4)
+    srv.settimeout(0.1)
+    got: list[bytes] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                req = b""
+                with contextlib.suppress(OSError):
+                    while b"\r\n\r\n" not in req and (chunk := conn.recv(4096)):
+                        req += chunk
+                got.append(req)
+                if req:  # a bare connect(2) (is anything listening?) sends nothing
+                    conn.sendall(answer)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield got
+    finally:
+        stop.set()
+        t.join(timeout=5)
+        srv.close()
+
+
+def ok(body: str) -> bytes:
+    return f"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{body}".encode()
+
+
+LIST = '[{"Id": "a1", "Names": ["/web-1"]}, {"Id": "b2", "Names": ["/agentd-worker"]}]'
+
+
+@pytest.mark.parametrize("sock", ["/var/run/docker.sock", "/run/podman/podman.sock",
+                                  "/run/user/0/podman/podman.sock"])
+def test_an_engine_with_no_cli_on_path_is_asked_over_its_api(fake, sock):
+    # A deployment agent that drives dockerd (or podman's service) over its API needs no CLI installed.
+    with api(fake.root / sock.lstrip("/"), ok(LIST)) as got:
+        f = finding(fake.host())
+    assert f.verdict is Verdict.detected, f.reason
+    cli = "docker" if "docker" in sock else "podman"
+    assert f.facts["matches"] == [f"container agentd-worker ({cli}, {sock})"]
+    assert any(r.startswith(b"GET /containers/json HTTP/1.0\r\n") for r in got)
+
+
+def test_an_engine_with_no_cli_and_none_matching_is_clear(fake):
+    with api(fake.root / "var/run/docker.sock", ok('[{"Names": ["/web-1"]}]')):
+        f = finding(fake.host())
+    assert f.facts["arms"]["containers"] == "clear", f.evidence
+    assert f.verdict is Verdict.not_detected
+
+
+@pytest.mark.parametrize("answer", [b"HTTP/1.0 403 Forbidden\r\n\r\n", ok("{not json"), ok('{"a": 1}'), b""])
+def test_an_engine_with_no_cli_whose_api_cannot_list_is_unknown_not_clear(fake, answer):
+    with api(fake.root / "var/run/docker.sock", answer):
+        f = finding(fake.host())
+    assert f.verdict is Verdict.unknown, f.reason
+    assert f.facts["arms"]["containers"].startswith("failed"), f.facts
 
 
 def test_the_env_config_adds_a_path_and_only_makes_the_guard_stricter(fake):
