@@ -277,9 +277,12 @@ def delegation(host: Host, layout: CgroupLayout, resolved: str | None, v1_bound:
         return Finding("cgroup.delegation", failed, f"{lead}: {'; '.join(found)}", ev, facts)
     proof = prove(host.path(candidate), state.subtree_control, fs)
     ev.update(proof.evidence)
-    if not proof.ok:
+    if not proof.ok or proof.leftover:
+        # A proof that could not undo itself left a child or a subtree_control change in the root: a
+        # root we cannot clean up after is no root to run in (cgroup_setup refuses it the same way).
         lead = f"{PROMISE_ENV}={candidate}" if promised else candidate
-        return Finding("cgroup.delegation", failed, f"{lead}: proof failed: {proof.what}", ev, facts)
+        what = proof.what if not proof.ok else f"could not clean up after it: {proof.leftover}"
+        return Finding("cgroup.delegation", failed, f"{lead}: proof failed: {what}", ev, facts)
     facts["root"] = candidate
     return Finding("cgroup.delegation", Verdict.supported, f"delegated root {candidate}: {proof.what}", ev,
                    facts)

@@ -317,6 +317,22 @@ def test_a_child_the_proof_cannot_remove_is_reported_as_left_over(tmp_path):
     assert proof.evidence["proof.cleanup"].startswith("FAILED to remove")
 
 
+def test_a_root_the_proof_could_not_clean_up_after_is_no_delegated_root(tmp_path):
+    # The probe must not call a root `supported` that `run` then refuses (runners/cgroup_setup.py):
+    # what the proof left there stays in the verdict, not only in the evidence.
+    host, statfs = hybrid_host(tmp_path, env={PROMISE_ENV: "/sys/fs/cgroup/unified/sbxc"})
+    cg_dir(tmp_path / "sys/fs/cgroup/unified/sbxc", "memory pids", "memory")
+
+    class StuckFs(KernelLikeFs):
+        def rmdir(self, path: Path) -> None:
+            raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(path))
+
+    _, deleg = cgroup.probe(host, statfs=statfs, fs=StuckFs())
+    assert deleg.verdict is Verdict.denied, deleg.reason
+    assert deleg.facts["root"] is None
+    assert "could not clean up" in deleg.reason and "EBUSY" in deleg.reason
+
+
 def test_failing_to_enable_memory_for_children_creates_nothing(tmp_path):
     root = tmp_path / "cg"
     root.mkdir()
