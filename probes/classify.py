@@ -159,6 +159,7 @@ class Step(enum.StrEnum):
     launch = "launch"  # the trial could not be executed at all
     lo_down = "lo_down"
     proc_not_fresh = "proc_not_fresh"
+    ns_not_new = "ns_not_new"  # the trial ran in our own network or pid namespace: the flag did nothing
     nested_allowed = "nested_allowed"
     nested_other = "nested_other"  # nested unshare refused, but not with ENOSPC
     no_report = "no_report"  # the program ran but printed nothing we could parse
@@ -212,6 +213,10 @@ def classify(signals: Signals, rung: Rung, outcome: TrialOutcome, *,
     if outcome.step is Step.lo_down:
         return Classification(Verdict.unsupported, Cause.not_effective,
                               f"bwrap --unshare-net ran but lo was not up inside ({outcome.detail})")
+    if outcome.step is Step.ns_not_new:
+        return Classification(Verdict.unsupported, Cause.not_effective,
+                              f"bwrap ran the trial, but in our own namespace ({outcome.detail}): the flag "
+                              "made none (a wrapper that ignores it?)")
     if outcome.step is Step.proc_not_fresh:
         return Classification(Verdict.unsupported, Cause.not_effective,
                               "bwrap --unshare-pid --proc ran but /proc/self did not resolve to our own pid")

@@ -365,10 +365,19 @@ def userns_outcomes(done: Completed) -> tuple[TrialOutcome, TrialOutcome, dict[s
     return TrialOutcome(True), TrialOutcome(True), report
 
 
-def bwrap_outcome(rung: Rung, done: Completed) -> tuple[TrialOutcome, dict[str, Any] | None]:
+def bwrap_outcome(rung: Rung, done: Completed, outer: Mapping[str, str | None] | None = None
+                  ) -> tuple[TrialOutcome, dict[str, Any] | None]:
+    """`outer`: our own namespace links ("net", "pid"): a trial that reports the same one ran in no new
+    namespace, however lo and /proc/self look (in our own pid namespace with our own /proc, /proc/self
+    is our pid too)."""
     report = _report(done)
     if report is None:
         return _failed_launch(done, Step.bwrap if done.returncode not in (0, None) else Step.no_report), None
+    outer = outer or {}
+    key = {Rung.netns: ("net", "net"), Rung.pidns_proc: ("pid_ns", "pid")}.get(rung)
+    if key is not None and outer.get(key[1]) and report.get(key[0]) == outer[key[1]]:
+        not_new = f"{key[1]} namespace {outer[key[1]]} is ours"
+        return TrialOutcome(False, Step.ns_not_new, detail=not_new), report
     if rung is Rung.netns and not report.get("lo_up"):
         return TrialOutcome(False, Step.lo_down, detail=f"interfaces {report.get('interfaces')}"), report
     if rung is Rung.pidns_proc and not report.get("fresh_proc"):
@@ -461,10 +470,12 @@ def _map_rows(text: object) -> list[list[str]]:
     return [line.split() for line in text.splitlines() if len(line.split()) == 3]
 
 
-def combined_observations(report: Mapping[str, Any] | None, outer_userns: str | None
+def combined_observations(report: Mapping[str, Any] | None, outer_userns: str | None,
+                          outer: Mapping[str, str | None] | None = None
                           ) -> tuple[dict[Rung, str], dict[Rung, str]]:
     """The combined trial's report -> (rung: the observation that answers it, rung: why it does not).
-    Pure. Each rung must be answered by the same fact its own trial would check."""
+    Pure. Each rung must be answered by the same fact its own trial would check. `outer`: our own
+    "net" and "pid" namespace links (bwrap_outcome)."""
     answered: dict[Rung, str] = {}
     missing: dict[Rung, str] = {}
     if report is None:
@@ -498,6 +509,12 @@ def combined_observations(report: Mapping[str, Any] | None, outer_userns: str | 
         answered[Rung.disable_userns] = "a nested unshare(CLONE_NEWUSER) got ENOSPC"
     else:
         missing[Rung.disable_userns] = f"nested unshare(CLONE_NEWUSER) -> {report.get('nested_unshare')}"
+    outer = outer or {}
+    for rung, key, ours in ((Rung.netns, "net", outer.get("net")),
+                            (Rung.pidns_proc, "pid_ns", outer.get("pid"))):
+        if ours and report.get(key) == ours:
+            answered.pop(rung, None)
+            missing[rung] = f"the trial ran in our own namespace {ours}"
     return answered, missing
 
 
@@ -531,7 +548,8 @@ def probe(host: Host, *, fast: bool = True) -> list[Finding]:
     outer_userns = _ns_link(host, "user")
     done = combined.result() if combined is not None else None
     report = _report(done) if done is not None else None
-    answered, missing = combined_observations(report, outer_userns)
+    answered, missing = combined_observations(report, outer_userns,
+                                              {"net": _ns_link(host, "net"), "pid": _ns_link(host, "pid")})
     if done is not None:
         # The combined trial counts only where its bwrap is the one the bwrap probe vouches for and the
         # rung trials would use: same path, runs, not setuid, no file caps, knows --disable-userns.
@@ -575,6 +593,7 @@ def _slow_findings(host: Host, info: bwrap_probe.BwrapInfo, combined: str) -> li
             continue
         tasks[rung] = Background(_launch, host, [info.path, *args, "--", *_program(host, _MODE[rung])])
     signals = gather_signals(host, info)
+    outer = {"net": _ns_link(host, "net"), "pid": _ns_link(host, "pid")}
     for key, task in tasks.items():
         runs[key] = task.result()
 
@@ -584,7 +603,7 @@ def _slow_findings(host: Host, info: bwrap_probe.BwrapInfo, combined: str) -> li
     reports: dict[Rung, dict[str, Any] | None] = {Rung.userns: ureport, Rung.userns_map: ureport}
     for rung in BWRAP_ARGS:
         if rung in runs:
-            outcomes[rung], reports[rung] = bwrap_outcome(rung, runs[rung])
+            outcomes[rung], reports[rung] = bwrap_outcome(rung, runs[rung], outer)
         elif info.path is None or info.error is not None:
             why = f"{info.path}: {info.error}" if info.path else ""
             outcomes[rung], reports[rung] = TrialOutcome(False, untried=Cause.no_bwrap, detail=why), None

@@ -691,6 +691,31 @@ def test_combined_observations_answer_a_rung_only_with_the_fact_its_own_trial_ch
     assert set(answered) == set(RUNGS) - unanswered
 
 
+OUR_NS = {"net": "net:[4026531840]", "pid": "pid:[4026531836]"}
+
+
+@pytest.mark.parametrize(("change", "unanswered"), [
+    ({"net": "net:[4026532300]", "pid_ns": "pid:[4026532301]"}, set()),
+    # A bwrap (or a wrapper named bwrap) that ran the trial in our own namespaces: lo is up there and
+    # our own /proc's /proc/self is our pid too, so only the namespace itself tells.
+    ({"net": OUR_NS["net"], "pid_ns": "pid:[4026532301]"}, {Rung.netns}),
+    ({"net": "net:[4026532300]", "pid_ns": OUR_NS["pid"]}, {Rung.pidns_proc}),
+])
+def test_a_trial_in_our_own_network_or_pid_namespace_answers_neither(change: dict[str, Any],
+                                                                       unanswered: set[Rung]) -> None:
+    _, missing = ladder.combined_observations({**GOOD, **change}, OUTER, OUR_NS)
+    assert set(missing) == unanswered
+    for rung, key in ((Rung.netns, "net"), (Rung.pidns_proc, "pid_ns")):
+        report = {"lo_up": True, "fresh_proc": True, key: change[key]}
+        done = Completed(("bwrap",), 0, json.dumps(report) + "\n", "", 0.1)
+        outcome, _ = ladder.bwrap_outcome(rung, done, OUR_NS)
+        assert outcome.ok is (rung not in unanswered), (rung, outcome)
+        if not outcome.ok:
+            got = classify(Signals(), rung, outcome)
+            assert (got.verdict, got.cause) == (Verdict.unsupported, Cause.not_effective)
+            assert "our own namespace" in got.reason
+
+
 def test_no_combined_report_answers_nothing() -> None:
     answered, missing = ladder.combined_observations(None, OUTER)
     assert not answered and set(missing) == set(RUNGS)
