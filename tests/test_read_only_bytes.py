@@ -36,3 +36,16 @@ def test_crlf_and_long_multibyte_files_read_the_same_inside(bwrap_path: str, hos
     assert done.returncode == 0, done.stdout[-3000:]
     for name in ("crlf.txt", "utf8.txt"):
         assert f"read_only {host_dir}/{name}: kept" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("content", [b"a\r\nb\r\n", ("\u00e9" * 3000).encode(), b"\r" * 10 + b"x"])
+def test_the_hidden_witness_reads_the_host_as_the_task_reads_its_copy(tmp_path: Path, content: bytes) -> None:
+    # The hidden witness finds a leak by equality of what the task read with the host's file: read as
+    # text, a CRLF file or 4096 bytes of two-byte characters never compared equal, and a sandbox
+    # showing the host's content there was judged kept.
+    from sandbox_conformance.conformance import inside
+    from sandbox_conformance.conformance.witnesses import paths
+
+    f = tmp_path / "f"
+    f.write_bytes(content)
+    assert paths._host_text(str(f)) == inside.do_read(str(f))
