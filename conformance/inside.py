@@ -230,6 +230,7 @@ def processes() -> "list[dict[str, object]]":
         entry: dict[str, object] = {"pid": int(name)}
         try:
             entry["comm"] = read_text("/proc/" + name + "/comm").strip()
+            # 512 bytes: conformance/witnesses/isolation.py CMDLINE_BYTES compares the host's the same way.
             cmdline = read_text("/proc/" + name + "/cmdline", 512).split("\0")
             while cmdline and cmdline[-1] == "":
                 cmdline.pop()
