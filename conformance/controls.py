@@ -629,6 +629,27 @@ REACH: tuple[Control, ...] = (
         reddens=(HOST_SOCKETS,),
     ),
     Control(
+        "host_proc_bound",
+        "the host's /proc bound in read-only at /host/proc beside the task's own (a monitoring agent's "
+        "`-v /proc:/host/proc`): every host process is listed there",
+        launcher_args=("--append=--ro-bind", "--append=/proc", "--append=/host/proc"),
+        reddens=(PIDS_INVISIBLE,),
+    ),
+    Control(
+        "host_dev_bound",
+        "the host's /dev bound in at /host/dev beside the task's minimal /dev: its nodes open there",
+        launcher_args=("--append=--dev-bind", "--append=/dev", "--append=/host/dev"),
+        reddens=(DEVICES,),
+        collateral=(
+            Collateral(
+                WRITE_SURFACE,
+                "the host's /dev (devtmpfs) and /dev/shm (tmpfs) come with it, read-write host storage the "
+                "profile does not declare writable",
+            ),
+        ),
+        needs=Needs.as_root,
+    ),
+    Control(
         "device_bound",
         "the host's /dev/kvm is bound next to the minimal /dev: a task with no capabilities opens it",
         launcher_args=("--append=--dev-bind", "--append=/dev/kvm", "--append=/dev/kvm"),

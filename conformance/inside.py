@@ -925,24 +925,28 @@ def unmask(masked: str, key: str) -> bytes:
     return bytes(a ^ b for a, b in zip(bytes.fromhex(masked), bytes.fromhex(key)))  # noqa: B905 (3.10+)
 
 
-def secret_scan(secret: bytes, paths: "Sequence[str]", roots: "Sequence[str]") -> "dict[str, object]":
+def secret_scan(secret: bytes, paths: "Sequence[str]", roots: "Sequence[str]",
+                procfs: "Sequence[str]" = ("/proc",)) -> "dict[str, object]":
     # Where the launcher's secret can still be read: the environment and argv of every process the task
-    # can see (bwrap's own PID 1 keeps the environment it was started with: --clearenv clears only the
-    # task's), and the files a launcher hands a task (a .env in its directory, /run/secrets).
+    # can see, in every procfs it reaches (bwrap's own PID 1 keeps the environment it was started with:
+    # --clearenv clears only the task's; the host's /proc bound in at /host/proc lists the launcher),
+    # and the files a launcher hands a task (a .env in its directory, /run/secrets).
     found = []
-    try:
-        pids = [n for n in os.listdir("/proc") if n.isdigit()]
-    except OSError:
-        pids = []
+    pids = []
+    for top in procfs:
+        try:
+            pids += [top + "/" + n for n in os.listdir(top) if n.isdigit()][:2000]
+        except OSError:
+            continue
     for pid in pids:
         for what in ("environ", "cmdline"):
             try:
-                with open("/proc/" + pid + "/" + what, "rb") as f:
+                with open(pid + "/" + what, "rb") as f:
                     data = f.read(READ_LIMIT)
             except OSError:
                 continue
             if secret in data:
-                found.append("/proc/" + pid + "/" + what)
+                found.append(pid + "/" + what)
     files = list(paths) + _walk(roots, 3, lambda p, st: stat.S_ISREG(st.st_mode) and st.st_size <= READ_LIMIT)
     read = 0
     for path in files[:400]:
@@ -1024,10 +1028,12 @@ def _rdev(st: os.stat_result) -> str:
     return f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
 
 
-def device_trials(allowed: "Mapping[str, Any]", extra: "Sequence[str]") -> "list[dict[str, object]]":
-    # Every device node under /dev (and at the paths the plan names), each not on the allowlist opened
-    # read-only and non-blocking, then write-only: what the task could do with it.
-    nodes = _walk(["/dev"], 3, lambda p, st: stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode))
+def device_trials(allowed: "Mapping[str, Any]", extra: "Sequence[str]",
+                  roots: "Sequence[str]" = ("/dev",)) -> "list[dict[str, object]]":
+    # Every device node under /dev and the other device filesystems `roots` (the host's /dev bound in
+    # at /host/dev), and at the paths the plan names, each not on the allowlist opened read-only and
+    # non-blocking, then write-only: what the task could do with it.
+    nodes = _walk(list(roots), 3, lambda p, st: stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode))
     for p in extra:
         if p not in nodes and os.path.exists(p):
             nodes.append(p)
@@ -1295,26 +1301,54 @@ def terminal_trials() -> "dict[str, object]":
     return out
 
 
+def _mounts_of(table: object, fstype: str) -> "list[dict[str, object]]":
+    return [m for m in table if isinstance(m, dict) and m.get("fstype") == fstype][:50] \
+        if isinstance(table, list) else []
+
+
+def elsewhere(paths: "Sequence[str]", table: object) -> "list[str]":
+    # The kernel's files under another name: a procfs or sysfs mounted (or a sub-tree of one bound) at
+    # a second place (the host's /proc at /host/proc, a monitoring agent's way) offers the same sysctls
+    # there, whatever the task's own /proc and /sys do.
+    out: list[str] = []
+    for fstype, top in (("proc", "/proc"), ("sysfs", "/sys")):
+        for m in _mounts_of(table, fstype):
+            root, point = str(m.get("root", "/")), str(m.get("mount_point", ""))
+            source = top + ("" if root == "/" else root)
+            if point == top and root == "/":
+                continue  # the usual place: the plan's paths already are these
+            for path in paths:
+                if path.startswith(source + "/"):
+                    out.append(point.rstrip("/") + path[len(source):])
+    return out[:100]
+
+
 def reach(spec: "Mapping[str, Any]", fds: "Sequence[int]", doc: "dict[str, object]") -> None:
     secret = unmask(spec.get("secret_masked", ""), spec.get("secret_key", ""))
     doc["descriptors"] = observe(descriptors, fds, secret)
     roots = [r for r in (os.environ.get("HOME"), observe(os.getcwd)) if isinstance(r, str)]
-    if secret:
-        doc["secrets"] = observe(secret_scan, secret, spec.get("secret_paths", []), [*roots, "/run/secrets"])
     table = doc.get("mountinfo")
+    procfs = ["/proc", *[str(m["mount_point"]) for m in _mounts_of(table, "proc")
+                         if m.get("root") == "/" and m.get("mount_point") != "/proc"]]
+    if secret:
+        doc["secrets"] = observe(secret_scan, secret, spec.get("secret_paths", []), [*roots, "/run/secrets"],
+                                 procfs)
     if spec.get("kernel_paths"):
         found = observe(cgroup_settings, table)
         cgroups = found if isinstance(found, list) else []
         found = observe(binfmt_settings, table)
         binfmt = found if isinstance(found, list) else []
+        paths = [*spec["kernel_paths"], *elsewhere(spec["kernel_paths"], table)]
         doc["kernel_writes"] = observe(
-            kernel_writes, [*spec["kernel_paths"], *cgroups, *binfmt], [*spec.get("write_back", []), *cgroups]
+            kernel_writes, [*paths, *cgroups, *binfmt], [*spec.get("write_back", []), *cgroups]
         )
     else:
         doc["kernel_writes"] = []
     # A node bound next to a minimal /dev (at /kvm, say) is a mount point: every one is tried too.
     points = [str(m["mount_point"]) for m in table if isinstance(m, dict)] if isinstance(table, list) else []
-    doc["devices"] = observe(device_trials, spec.get("devices_allowed", {}), points)
+    devfs = ["/dev", *[str(m["mount_point"]) for m in _mounts_of(table, "devtmpfs")
+                       if m.get("mount_point") != "/dev"]]
+    doc["devices"] = observe(device_trials, spec.get("devices_allowed", {}), points, devfs)
     sockets = [*spec.get("socket_roots", []), *roots]
     doc["unix_sockets"] = observe(unix_trials, spec.get("unix_paths", []), sockets)
 

@@ -170,6 +170,9 @@ class Seen(NamedTuple):
     # What the task holds and reaches, read from the host (see `what_it_reaches`): descriptors, the secret in
     # any process's environment or argv, device nodes, host unix sockets; EMPTY when not asked.
     reached: Mapping[str, Any] = EMPTY
+    # Mount points (as the task names them) of a procfs of OUR pid namespace the task reaches: every
+    # host process listed there, environ and all (see host_procfs).
+    host_procfs: tuple[str, ...] | str = ()
 
     @property
     def nspid(self) -> list[int]:
@@ -309,7 +312,30 @@ def read(
         cwd=_attempt(lambda: _dev_ino(os.stat(base / "cwd"))),
         reach=reach,
         reached=reached,
+        host_procfs=reach if isinstance(reach, str)
+        else _attempt(functools.partial(host_procfs, root, reach)),
     )
+
+
+def host_procfs(root: Path, visible: Sequence[mountinfo.Mount]) -> tuple[str, ...]:
+    """The procfs mounts the task reaches that are instances of the harness's own pid namespace (the
+    host's /proc bound in at /host/proc, a monitoring agent's way): `self` in a procfs resolves to the
+    READER's pid in that procfs's pid namespace (fs/proc/self.c proc_self_get_link), so read here,
+    through the task's root, it names our own pid only in a procfs of our namespace (or an ancestor's);
+    in the task's own it does not resolve (ENOENT). A mount of a procfs sub-tree (/proc/sys bound
+    alone) lists no processes and is a kernel interface, judged by kernel_interfaces."""
+    me = str(os.getpid())
+    out = []
+    for m in visible:
+        if m.fstype != "proc" or m.root != "/":
+            continue
+        try:
+            if os.readlink(root / m.mount_point.lstrip("/") / "self") == me:
+                out.append(m.mount_point)
+        except OSError as e:
+            if not isinstance(e, FileNotFoundError | NotADirectoryError):
+                raise
+    return tuple(out)
 
 
 def _dev_ino(st: os.stat_result) -> tuple[int, int]:
@@ -811,10 +837,12 @@ def _is_node(st: os.stat_result) -> bool:
 def device_nodes(
     root: Path, mounts: Sequence[mountinfo.Mount], allowed: Mapping[str, str]
 ) -> list[dict[str, Any]]:
-    """The device nodes off the allowlist the task's root shows: under /dev, and any mount point that
-    is one (a node bound next to a minimal /dev)."""
+    """The device nodes off the allowlist the task's root shows: under /dev and every other devtmpfs
+    mount (the host's /dev bound in at /host/dev), and any mount point that is one (a node bound next
+    to a minimal /dev)."""
     found: dict[str, dict[str, Any]] = {}
-    level, seen = [Path("/dev")], 0
+    devfs = [Path(m.mount_point) for m in mounts if m.fstype == "devtmpfs" and m.mount_point != "/dev"]
+    level, seen = [Path("/dev"), *devfs[:20]], 0
     for _ in range(3):
         nxt = []
         for d in level:

@@ -51,6 +51,16 @@ def test_host_pids_are_invisible_to_the_task(sbxc_task: Task) -> None:
         if p["pid"] == host.harness_pid and tuple(p.get("cmdline", ())) == harness_seen_as
     ]
     assert not harness, f"the harness process (host pid {host.harness_pid}) is visible inside the task"
+    if not _task_view(sbxc_task):
+        # A second procfs, of the host's pid namespace, bound in beside the task's own /proc (a
+        # monitoring agent's `-v /proc:/host/proc`): every host process is listed there, whatever the
+        # task's own /proc shows. Read by the host at the handshake, through the task's root.
+        shown = _seen(sbxc_task).host_procfs
+        assert not isinstance(shown, str), f"the host could not tell which procfs the task reaches ({shown})"
+        assert not shown, (
+            f"a procfs of the host's pid namespace is mounted inside the task at {', '.join(shown)}: every "
+            "host process is listed there"
+        )
 
 
 @witness("pid")
