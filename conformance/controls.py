@@ -817,9 +817,10 @@ AVAILABILITY: frozenset[str] = frozenset(
     )
 )
 # Witnesses an unprivileged task keeps with no sandbox at all: the host's sysctls and device nodes
-# belong to root, so file modes refuse it (see Needs.as_root); it has no CAP_SYS_ADMIN for the mount API
-# and may not ptrace the harness, a root process (the syscall doors).
-MODE_KEPT: frozenset[str] = frozenset(key(t) for t in (KERNEL_INTERFACES, DEVICES, SYSCALLS))
+# belong to root, so file modes refuse it (see Needs.as_root). Not the syscall doors: the process it
+# must not ptrace is its own user's and open to any tracer (conformance/ptrace_target.py), so with no
+# sandbox it is traced (it was the harness, a root process, which the kernel refused it anyway).
+MODE_KEPT: frozenset[str] = frozenset(key(t) for t in (KERNEL_INTERFACES, DEVICES))
 # Witnesses of the task's cgroup leaf: the harness, not the sandbox, makes the leaf and writes its
 # limits (conformance/harness.py), so a task with no sandbox at all still has them. The unsandboxed
 # baseline does not require them red; it may still redden some (as root, nothing stops a write to the

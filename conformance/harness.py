@@ -28,7 +28,15 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from sandbox_conformance.conformance import bwrap_argv, cgroup_leaf, claims, layout, observer, plan
+from sandbox_conformance.conformance import (
+    bwrap_argv,
+    cgroup_leaf,
+    claims,
+    layout,
+    observer,
+    plan,
+    ptrace_target,
+)
 from sandbox_conformance.conformance.launch import (
     REFERENCE,
     SECRET_ENV,
@@ -172,6 +180,13 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
         secret_file.chmod(0o644)
         self._host_sockets = (*observer.host_sockets(), unix_path)
         shm_key = self._shm_segment()
+        # The process the task must not ptrace: one of the task's user that lets anyone attach, so only
+        # the sandbox refuses it (conformance/ptrace_target.py); the harness where none could start.
+        target = ptrace_target.start(as_user_prefix(self.as_user))
+        if target is not None:
+            observer.OWN_HELPERS.add(target.pid)
+            self._stack.callback(observer.OWN_HELPERS.discard, target.pid)
+            self._stack.callback(target.stop)
         spaces = {}
         for ns in ("cgroup", "ipc", "mnt", "net", "pid", "user", "uts"):
             with contextlib.suppress(OSError):
@@ -190,6 +205,8 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             unix_path=unix_path,
             secret_file=str(secret_file),
             shm_key=shm_key,
+            ptrace_pid=target.pid if target is not None else os.getpid(),
+            ptrace_cmdline=target.cmdline if target is not None else _cmdline("self"),
         )
 
     def _shm_segment(self) -> int:

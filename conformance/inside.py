@@ -1318,8 +1318,9 @@ def elsewhere(paths: "Sequence[str]", table: object) -> "list[str]":
             if point == top and root == "/":
                 continue  # the usual place: the plan's paths already are these
             for path in paths:
-                if path.startswith(source + "/"):
-                    out.append(point.rstrip("/") + path[len(source):])
+                there = point.rstrip("/") + path[len(source):]
+                if path.startswith(source + "/") and there != path and there not in out:
+                    out.append(there)  # (nspawn binds /proc/sys over itself: the same path, tried once)
     return out[:100]
 
 

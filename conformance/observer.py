@@ -51,6 +51,9 @@ STATUS_KEYS = (
     "Groups",
 )
 READY_KEY = "sbxc_ready"
+# Processes of the harness's own that live beside the launches (conformance/ptrace_target.py): never a
+# launch's leftover, whenever they started.
+OWN_HELPERS: set[int] = set()
 # How long a found task's process group may take to go after the launcher exits: a pid namespace is
 # emptied asynchronously once its init dies (zap_pid_ns_processes, kernel/pid_namespace.c).
 SURVIVOR_GRACE = 1.0
@@ -1047,7 +1050,7 @@ def survivors(
     # forked witness on a fast machine) would pass for an orphan of it: reported as a leftover of
     # the sandbox, and killed.
     guardian = cancel.guardian_pid()
-    ours = {str(me)} if guardian is None else {str(me), str(guardian)}
+    ours = {str(me), *(str(p) for p in OWN_HELPERS)} | (set() if guardian is None else {str(guardian)})
     out = []
     for name in procfs.pids(proc):
         if name in ours:

@@ -53,6 +53,10 @@ class HostView(NamedTuple):
     # A System V shared memory segment the harness holds (its key), which a task with an ipc namespace
     # of its own cannot find; 0: none could be made.
     shm_key: int = 0
+    # The process outside the sandbox the task must not ptrace (conformance/ptrace_target.py): the
+    # task's user's, open to any tracer; the harness where none could be started.
+    ptrace_pid: int = 0
+    ptrace_cmdline: tuple[str, ...] = ()
 
 
 class Plan(NamedTuple):
@@ -283,8 +287,9 @@ def build(
         handshake_seconds=handshake_seconds,
         proxy=proxy_plan(profile, values, host, launch_nonce) if net else None,
         reach=reach_plan(profile, host, values),
-        # The harness itself is the process outside that the task must not ptrace.
-        doors={"ptrace_pid": host.harness_pid, "ptrace_cmdline": list(host.harness_cmdline)}
+        # The process outside that the task must not ptrace: the session's target, else the harness.
+        doors={"ptrace_pid": host.ptrace_pid or host.harness_pid,
+               "ptrace_cmdline": list(host.ptrace_cmdline if host.ptrace_pid else host.harness_cmdline)}
         if "syscalls" in profile.promises()
         else None,
         shm_key=host.shm_key if "ipc" in profile.promises() else 0,

@@ -60,6 +60,7 @@ def test_the_kernels_files_are_tried_wherever_a_procfs_or_sysfs_is_mounted() -> 
         {"fstype": "proc", "root": "/", "mount_point": "/proc"},  # the task's own: the plan's paths
         {"fstype": "proc", "root": "/", "mount_point": "/host/proc"},
         {"fstype": "proc", "root": "/sys", "mount_point": "/srv/sysctl"},  # /proc/sys bound alone
+        {"fstype": "proc", "root": "/sys", "mount_point": "/proc/sys"},  # bound over itself (nspawn)
         {"fstype": "sysfs", "root": "/", "mount_point": "/sys"},
         {"fstype": "sysfs", "root": "/kernel", "mount_point": "/k"},
         {"fstype": "tmpfs", "root": "/", "mount_point": "/host/x"},
