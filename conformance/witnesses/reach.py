@@ -232,6 +232,9 @@ def test_only_allowlisted_device_nodes_can_be_opened(sbxc_task: Task) -> None:
 
 
 URING_NO_SOCKET = ("io_uring_setup", "io_uring mmap", "io_uring socket")  # inside.py uring_unix_connect
+# What a seccomp filter or an LSM answers socket(AF_UNIX) with (SCMP_ACT_ERRNO's EPERM, ENOSYS, an
+# address family refused; EACCES from a security hook).
+SOCKET_REFUSED = ("EPERM", "EACCES", "ENOSYS", "EAFNOSUPPORT")
 
 
 def _no_uring_socket(trial: dict[str, Any]) -> bool:
@@ -248,7 +251,10 @@ def test_no_host_unix_socket_can_be_connected_to(sbxc_task: Task, sbxc_settings:
     # shows unusable: the task's first step fails before any path is looked up. Only then is what the
     # host sees not a way out; the task tried every one (the planted socket among them), by socket(2)
     # and by io_uring (IORING_OP_SOCKET, which no seccomp filter sees): neither made a socket.
-    outright = bool(tried) and all(t.get("stage") == "socket" and _no_uring_socket(t) for t in tried)
+    # A refusal, not a shortage: EMFILE or ENOBUFS at socket(2) (a tiny RLIMIT_NOFILE, memory) says
+    # nothing of what the sandbox lets through.
+    outright = bool(tried) and all(t.get("stage") == "socket" and t.get("errno") in SOCKET_REFUSED
+                                   and _no_uring_socket(t) for t in tried)
     exposed = [
         f"{e['host_path']} at {e['path']}"
         for e in ([] if _task_view(sbxc_task) else _reach(sbxc_task)["sockets"])
