@@ -142,6 +142,10 @@ def test_the_proxy_refuses_unlisted_names_loopback_and_the_hosts_addresses(sbxc_
     kinds = sorted({t["kind"] for t in plan["targets"] if t["kind"] != "listed"})
     tried = [p for p in proxies if p.get("tunnels")]
     assert tried, f"no proxy offered could be tried: {[(p['proxy'], p['connect']) for p in proxies]}"
+    # Every proxy the task can connect to is a way out, each asked on its own (srt offers an HTTP one and
+    # a SOCKS one): one this suite cannot speak to (an https:// proxy) is untried, never a refusal.
+    untried = [p["proxy"] for p in proxies if p.get("connect", {}).get("ok") and not p.get("tunnels")]
+    assert not untried, f"proxies offered that the task could connect to but not try (by scheme): {untried}"
     through = {p["proxy"]: _through(p, ("unlisted", "loopback", "host")) for p in proxies}
     through = {k: v for k, v in through.items() if v}
     assert not through, f"the proxy let through what is not allowed ({', '.join(kinds)}): {through}"
