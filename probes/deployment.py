@@ -4,7 +4,9 @@ The user declares what a deployment looks like (a *signature*) in TOML; three ar
 
 - units: active units enumerated under the system manager AND our user manager
   (`systemctl [--user] list-units --type=service,scope --state=active --no-legend --plain`) and
-  matched on name suffix. Never `is-active` of one guessed name: a renamed unit would pass.
+  matched on name suffix. Never `is-active` of one guessed name: a renamed unit would pass. And the
+  units running under ANY manager, by their cgroup directories (another user's lingering manager,
+  which `systemctl --user` never lists for the caller).
 - config_paths: a declared path (absolute or `~/`-relative) exists.
 - containers: `docker ps` / `podman ps` names matched against glob patterns; where a CLI is not on
   PATH, its engine's sockets are looked at all the same, and one that listens is asked over the
@@ -215,11 +217,50 @@ def _manager(host: Host, *, user: bool, suffixes: tuple[str, ...]) -> Arm:
     return Arm("clear", f"{which}: {len(names)} active unit(s), none match")
 
 
+# Where systemd keeps a unit's processes, one directory per running unit named as the unit
+# (systemd.resource-control(5)): in the unified hierarchy, or in a hybrid host's two. Readable by
+# anyone, and holding every user's units, where `systemctl --user` answers for the caller's alone.
+CGROUP_TREES = ("fs/cgroup", "fs/cgroup/unified", "fs/cgroup/systemd")
+CGROUP_SLICES = ("system.slice", "user.slice")
+CGROUP_DEPTH = 6  # user.slice/user-1001.slice/user@1001.service/app.slice/NAME.service and below
+CGROUP_DIRS = 20000
+
+
+def _cgroup_units(host: Host, suffixes: tuple[str, ...]) -> Arm:
+    """Units running now whatever manager runs them, by their cgroup directories: another user's
+    lingering manager (an agent under `user@1001.service`, which root's `systemctl --user` never
+    lists), and a unit listed as activating between restarts while its processes still run."""
+    hits: list[str] = []
+    looked = 0
+    for tree in CGROUP_TREES:
+        level = [host.sys / tree / s for s in CGROUP_SLICES]
+        for _ in range(CGROUP_DEPTH):
+            nxt = []
+            for d in level:
+                try:
+                    entries = [e for e in os.scandir(d) if e.is_dir(follow_symlinks=False)]
+                except OSError:
+                    continue
+                for e in entries:
+                    looked += 1
+                    if e.name.endswith(suffixes):
+                        hits.append(f"unit {e.name} (cgroup {os.path.relpath(e.path, host.sys / tree)})")
+                    nxt.append(Path(e.path))
+            level = nxt[:CGROUP_DIRS]
+            if looked > CGROUP_DIRS:
+                break
+    hits = list(dict.fromkeys(hits))
+    if hits:
+        return Arm("matched", f"cgroups: {len(hits)} running unit(s) match", tuple(hits))
+    return Arm("clear", f"cgroups: {looked} unit and slice director(ies), none match")
+
+
 def units_arm(host: Host, sig: Signature) -> Arm:
     if not sig.unit_suffixes:
         return Arm("not configured", "no unit_suffixes declared")
     return combine([_manager(host, user=False, suffixes=sig.unit_suffixes),
-                    _manager(host, user=True, suffixes=sig.unit_suffixes)])
+                    _manager(host, user=True, suffixes=sig.unit_suffixes),
+                    _cgroup_units(host, sig.unit_suffixes)])
 
 
 def paths_arm(host: Host, sig: Signature) -> Arm:

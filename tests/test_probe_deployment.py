@@ -351,3 +351,22 @@ def test_the_real_host_with_a_signature_and_no_systemd_or_engine_is_checked_and_
     f = finding(Host(env=env))
     assert f.verdict is Verdict.not_detected, f.reason
     assert f.facts["arms"] == {"units": "clear", "config_paths": "clear", "containers": "clear"}
+
+
+@pytest.mark.parametrize("tree", ["fs/cgroup", "fs/cgroup/unified", "fs/cgroup/systemd"])
+def test_another_users_running_unit_is_found_by_its_cgroup(fake, tree):
+    # `sudo sandbox-conformance run` on a host whose agent runs in user 1001's lingering manager: root's
+    # `systemctl --user` has no manager to ask (clear), and the system manager lists only
+    # user@1001.service. Its cgroup directory is there for anyone to read.
+    where = "user.slice/user-1001.slice/user@1001.service/app.slice/deploy-agent.service"
+    (fake.root / "sys" / tree / where).mkdir(parents=True)
+    f = finding(fake.host())
+    assert f.verdict is Verdict.detected, f.reason
+    assert f.facts["matches"] == [f"unit deploy-agent.service (cgroup {where})"]
+
+
+def test_cgroup_directories_that_match_no_suffix_are_clear(fake):
+    (fake.root / "sys/fs/cgroup/system.slice/ssh.service").mkdir(parents=True)
+    (fake.root / "sys/fs/cgroup/user.slice/user-0.slice/session-1.scope").mkdir(parents=True)
+    f = finding(fake.host())
+    assert f.facts["arms"]["units"] == "clear" and "cgroups: 3 unit and slice" in f.evidence["arm.units"]
