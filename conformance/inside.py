@@ -792,7 +792,12 @@ def door_tioclinux() -> "dict[str, object]":
     def ask() -> None:
         fcntl.ioctl(ttys[0], TIOCLINUX, bytes([TIOCL_GETFGCONSOLE]))
 
-    return attempt(ask)
+    got = attempt(ask)
+    if got.get("errno") == "ENOTTY":
+        # Only a virtual console answers TIOCLINUX (drivers/tty/vt/vt_ioctl.c); a pseudo-terminal has
+        # no such ioctl at all: no door to open here, which is not a refusal.
+        return {"ok": False, "errno": "ENOTTY", "absent": True, "error": "the terminal is no virtual console"}
+    return got
 
 
 def doors(spec: "Mapping[str, Any]") -> "dict[str, object]":
