@@ -222,11 +222,13 @@ def namespaces() -> "dict[str, str]":
     return out
 
 
-def processes() -> "list[dict[str, object]]":
+def processes(look_for: "Sequence[int]" = ()) -> "list[dict[str, object]]":
+    # The first 300 pids, and the ones the plan looks for wherever they are (the harness's host pid, on
+    # a host with more than 300 processes below it, would otherwise never be listed).
+    names = [n for n in sorted(os.listdir("/proc"), key=lambda n: (len(n), n)) if n.isdigit()]
+    wanted = [str(p) for p in look_for if str(p) in names[300:]]
     procs = []
-    for name in sorted(os.listdir("/proc"), key=lambda n: (len(n), n)):
-        if not name.isdigit():
-            continue
+    for name in names[:300] + wanted:
         entry: dict[str, object] = {"pid": int(name)}
         try:
             entry["comm"] = read_text("/proc/" + name + "/comm").strip()
@@ -241,8 +243,6 @@ def processes() -> "list[dict[str, object]]":
         except OSError as e:
             entry["error"] = errname(e)  # exited meanwhile, or hidden by hidepid
         procs.append(entry)
-        if len(procs) >= 300:
-            break
     return procs
 
 
@@ -1608,7 +1608,7 @@ def main(plan: "Mapping[str, Any]") -> None:
     if plan.get("proxy"):
         doc["proxies"] = observe(proxy_trials, plan["proxy"])
     doc["pid"] = os.getpid()
-    doc["processes"] = observe(processes)
+    doc["processes"] = observe(processes, plan.get("look_for", []))
     doc["hostname"] = observe(socket.gethostname)
     doc["environment"] = observe(environment)
     doc["cwd"] = observe(os.getcwd)

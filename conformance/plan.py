@@ -89,6 +89,9 @@ class Plan(NamedTuple):
     # the profile makes no syscalls promise.
     doors: Mapping[str, Any] | None = None
     shm_key: int = 0  # HostView.shm_key, where the profile promises a private ipc namespace
+    # Host pids the task's process listing looks for whatever its length (the harness's: the pid
+    # witness's evidence would otherwise depend on how many processes the host runs below it).
+    look_for: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -107,6 +110,7 @@ class Plan(NamedTuple):
             "terminal": self.terminal,
             "doors": dict(self.doors) if self.doors is not None else None,
             "shm_key": self.shm_key,
+            "look_for": list(self.look_for),
         }
 
 
@@ -293,6 +297,7 @@ def build(
         if "syscalls" in profile.promises()
         else None,
         shm_key=host.shm_key if "ipc" in profile.promises() else 0,
+        look_for=(host.harness_pid,),
     )
 
 
