@@ -318,6 +318,19 @@ def _recv_head(s: socket.socket) -> bytes:
     return head
 
 
+def _echoed(s: socket.socket, nonce: str) -> bool:
+    # Through an established tunnel to the suite's echo listener, which answers once and closes: the
+    # nonce sent, and read until it is back, or the end.
+    s.sendall(nonce.encode())
+    got = b""
+    while nonce.encode() not in got and len(got) < 4096:
+        chunk = s.recv(1024)
+        if not chunk:
+            break
+        got += chunk
+    return nonce.encode() in got
+
+
 def tunnel(proxy: "Mapping[str, Any]", target: "Mapping[str, Any]", nonce: str) -> "dict[str, object]":
     # CONNECT host:port through an HTTP proxy (RFC 9110 9.3.6); when the target is the suite's echo
     # listener, send the nonce through the tunnel and read what comes back.
@@ -337,15 +350,7 @@ def tunnel(proxy: "Mapping[str, Any]", target: "Mapping[str, Any]", nonce: str) 
         established = len(parts) >= 2 and parts[0].startswith("HTTP/") and parts[1].startswith("2")
         out: dict[str, object] = {"status": status[:200], "established": established, "echoed": None}
         if established and target.get("echo"):
-            # The echo listener answers once and closes: read until the nonce is back, or the end.
-            s.sendall(nonce.encode())
-            got = b""
-            while nonce.encode() not in got and len(got) < 4096:
-                chunk = s.recv(1024)
-                if not chunk:
-                    break
-                got += chunk
-            out["echoed"] = nonce.encode() in got
+            out["echoed"] = _echoed(s, nonce)
         return out
     finally:
         s.close()
@@ -396,14 +401,7 @@ def socks5_tunnel(proxy: "Mapping[str, Any]", target: "Mapping[str, Any]", nonce
         out: dict[str, object] = {"status": "SOCKS5 reply " + str(head[1]), "established": head[1] == 0,
                                   "echoed": None}
         if head[1] == 0 and target.get("echo"):
-            s.sendall(nonce.encode())
-            got = b""
-            while nonce.encode() not in got and len(got) < 4096:
-                chunk = s.recv(1024)
-                if not chunk:
-                    break
-                got += chunk
-            out["echoed"] = nonce.encode() in got
+            out["echoed"] = _echoed(s, nonce)
         return out
     finally:
         s.close()
