@@ -821,6 +821,18 @@ AVAILABILITY: frozenset[str] = frozenset(
 # must not ptrace is its own user's and open to any tracer (conformance/ptrace_target.py), so with no
 # sandbox it is traced (it was the harness, a root process, which the kernel refused it anyway).
 MODE_KEPT: frozenset[str] = frozenset(key(t) for t in (KERNEL_INTERFACES, DEVICES))
+
+
+def mode_kept(proc: str = "/proc") -> frozenset[str]:
+    """MODE_KEPT on this host: where Yama refuses every attach without CAP_SYS_PTRACE (ptrace_scope 2 or
+    3) the ptrace door is absent for an unprivileged task, and its mount API doors refuse it (no
+    CAP_SYS_ADMIN): the syscall doors are kept with no sandbox at all."""
+    try:
+        with open(f"{proc}/sys/kernel/yama/ptrace_scope") as f:
+            scope = f.read().strip()
+    except OSError:
+        scope = ""
+    return MODE_KEPT | {key(SYSCALLS)} if scope in ("2", "3") else MODE_KEPT
 # Witnesses of the task's cgroup leaf: the harness, not the sandbox, makes the leaf and writes its
 # limits (conformance/harness.py), so a task with no sandbox at all still has them. The unsandboxed
 # baseline does not require them red; it may still redden some (as root, nothing stops a write to the
@@ -972,7 +984,7 @@ def unsandboxed(
     as the launcher) must turn every isolation witness that passed in the baseline red. A witness
     that did not pass in the baseline proves nothing either way: declared collateral, with why."""
     passed = list(map(key, baseline_passed))
-    by_modes = frozenset() if as_root else MODE_KEPT
+    by_modes = frozenset() if as_root else mode_kept()
     names = tuple(sorted(k for k in passed if k not in AVAILABILITY | HARNESS_ENFORCED | by_modes))
     return Control(
         UNSANDBOXED,

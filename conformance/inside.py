@@ -222,13 +222,16 @@ def namespaces() -> "dict[str, str]":
     return out
 
 
+PROCESS_LIMIT = 300  # processes listed, lowest pids first
+
+
 def processes(look_for: "Sequence[int]" = ()) -> "list[dict[str, object]]":
     # The first 300 pids, and the ones the plan looks for wherever they are (the harness's host pid, on
     # a host with more than 300 processes below it, would otherwise never be listed).
     names = [n for n in sorted(os.listdir("/proc"), key=lambda n: (len(n), n)) if n.isdigit()]
-    wanted = [str(p) for p in look_for if str(p) in names[300:]]
+    wanted = [str(p) for p in look_for if str(p) in names[PROCESS_LIMIT:]]
     procs = []
-    for name in names[:300] + wanted:
+    for name in names[:PROCESS_LIMIT] + wanted:
         entry: dict[str, object] = {"pid": int(name)}
         try:
             entry["comm"] = read_text("/proc/" + name + "/comm").strip()
@@ -775,7 +778,16 @@ def door_ptrace(pid: int, cmdline: "Sequence[str]") -> "dict[str, object]":
     libc.ptrace.restype = ctypes.c_long
     got = libc.ptrace(ctypes.c_long(PTRACE_SEIZE), ctypes.c_long(pid), ctypes.c_void_p(0), ctypes.c_void_p(0))
     if got < 0:
-        return {"ok": False, "errno": _errno()}
+        err = _errno()
+        try:
+            scope = read_text("/proc/sys/kernel/yama/ptrace_scope").strip()
+        except OSError:
+            scope = ""
+        if err == "EPERM" and scope in ("2", "3"):
+            # Yama refuses every attach without CAP_SYS_PTRACE (2) or every attach (3), sandbox or
+            # none (Documentation/admin-guide/LSM/Yama.rst): nothing a sandbox refused here.
+            return {"ok": False, "errno": err, "absent": True, "error": "Yama ptrace_scope " + scope}
+        return {"ok": False, "errno": err}
     return {"ok": True, "errno": None}
 
 
@@ -1002,9 +1014,11 @@ def secret_scan(secret: bytes, paths: "Sequence[str]", roots: "Sequence[str]",
     pids = []
     for top in procfs:
         try:
-            pids += [top + "/" + n for n in os.listdir(top) if n.isdigit()][:2000]
+            listed = [top + "/" + n for n in os.listdir(top) if n.isdigit()]
         except OSError:
             continue
+        # The task's own /proc whole, as before; another procfs (the host's, bound in) to a bound.
+        pids += listed if top == "/proc" else listed[:2000]
     for pid in pids:
         for what in ("environ", "cmdline"):
             try:

@@ -140,7 +140,13 @@ def probe(host: Host) -> list[Finding]:
 
     unread = []
     uid_map = _read(host.proc / "self/uid_map")
-    if uid_map is None:
+    no_userns = uid_map is None and (host.proc / "self/status").exists() \
+        and not os.path.lexists(host.proc / "self/ns/user")
+    if no_userns:
+        # A kernel built without CONFIG_USER_NS has neither (fs/proc/base.c): no user namespace can be
+        # around us, so there is no map to read, which is no gap.
+        ev["/proc/self/uid_map"] = "absent: no user namespaces in this kernel (no /proc/self/ns/user)"
+    elif uid_map is None:
         unread.append("/proc/self/uid_map")
     else:
         ev["/proc/self/uid_map"] = " | ".join(" ".join(r.split()) for r in uid_map.splitlines() if r.strip())

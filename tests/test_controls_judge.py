@@ -459,3 +459,13 @@ def test_each_witness_run_gets_the_launch_timeout(tmp_path: Path) -> None:
     go([])
     argv = seen[0]
     assert argv[argv.index("--launch-timeout") + 1] == "120.0"
+
+
+def test_the_syscall_doors_are_kept_with_no_sandbox_where_yama_refuses_every_attach(tmp_path) -> None:
+    from sandbox_conformance.conformance import controls as c
+
+    (tmp_path / "sys/kernel/yama").mkdir(parents=True)
+    for scope, kept in (("1", False), ("2", True), ("3", True)):
+        (tmp_path / "sys/kernel/yama/ptrace_scope").write_text(scope + "\n")
+        assert (c.key(c.SYSCALLS) in c.mode_kept(str(tmp_path))) is kept
+    assert c.mode_kept(str(tmp_path / "none")) == c.MODE_KEPT  # no Yama

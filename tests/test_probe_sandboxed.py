@@ -147,6 +147,8 @@ def test_a_signal_that_could_not_be_read_is_unknown_not_a_clean_host(tmp_path, m
     # nested trial's ENOSPC means nothing without the local limit beside it.
     host = fake_host(tmp_path, trial=FakeTrial("ENOSPC" if "max_user" in missing else None))
     (host.proc / missing).unlink()
+    (host.proc / "self/ns").mkdir()
+    (host.proc / "self/ns/user").symlink_to("user:[4026532500]")  # a kernel with user namespaces
     (f,) = sandboxed.probe(host)
     assert f.verdict is Verdict.unknown, f.reason
     assert f"/proc/{missing}" in f.reason
@@ -217,3 +219,17 @@ def test_the_trial_child_reports_an_errno_name_under_isolated_python():
     doc = json.loads(done.stdout)
     assert set(doc) == {"rc", "errno"}
     assert (doc["rc"] == 0) == (doc["errno"] is None)
+
+
+def test_a_kernel_without_user_namespaces_has_no_map_to_read_which_is_no_gap(tmp_path):
+    # CONFIG_USER_NS=n: neither /proc/self/uid_map nor /proc/self/ns/user exists (fs/proc/base.c);
+    # auto must still go to a container engine there, not refuse for a signal that cannot exist.
+    host = fake_host(tmp_path, trial=FakeTrial("EINVAL"))
+    (host.proc / "self/uid_map").unlink()
+    (f,) = sandboxed.probe(host)
+    assert f.verdict is Verdict.not_detected, f.reason
+    assert "no user namespaces in this kernel" in f.evidence["/proc/self/uid_map"]
+    # With the namespace link there, a missing map is a gap.
+    (host.proc / "self/ns").mkdir()
+    (host.proc / "self/ns/user").symlink_to("user:[4026531837]")
+    assert sandboxed.probe(host)[0].verdict is Verdict.unknown
