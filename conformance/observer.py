@@ -197,6 +197,7 @@ class Seen(NamedTuple):
             "cwd": list(self.cwd) if not isinstance(self.cwd, str) else self.cwd,
             "reach": self.reach if isinstance(self.reach, str) else [m.mount_id for m in self.reach],
             "reached": dict(self.reached),
+            "host_procfs": self.host_procfs if isinstance(self.host_procfs, str) else list(self.host_procfs),
         }
 
 
