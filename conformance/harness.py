@@ -205,8 +205,9 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             unix_path=unix_path,
             secret_file=str(secret_file),
             shm_key=shm_key,
-            ptrace_pid=target.pid if target is not None else os.getpid(),
-            ptrace_cmdline=target.cmdline if target is not None else _cmdline("self"),
+            # None started: 0, and the plan's doors target the harness (plan.build).
+            ptrace_pid=target.pid if target is not None else 0,
+            ptrace_cmdline=target.cmdline if target is not None else (),
         )
 
     def _shm_segment(self) -> int:
