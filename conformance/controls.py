@@ -440,8 +440,10 @@ CONTROLS: tuple[Control, ...] = (
         "control directory and the other user's tree can all be read",
         launcher_args=("--append=--ro-bind", "--append=/", "--append=/hostroot"),
         # The same alias shows the launcher's .env and the harness's planted daemon socket (a socket
-        # on a read-only mount still accepts connect(2)).
-        reddens=(ALIASES, SECRETS, HOST_SOCKETS),
+        # on a read-only mount still accepts connect(2)); and, since bwrap binds recursively (MS_REC),
+        # the host's own procfs at /hostroot/proc, which lists every host process (host_proc_bound's
+        # one thing).
+        reddens=(ALIASES, SECRETS, HOST_SOCKETS, PIDS_INVISIBLE),
         collateral=(
             Collateral(
                 WRITE_SURFACE,
