@@ -839,12 +839,23 @@ def _is_node(st: os.stat_result) -> bool:
 
 
 def device_nodes(
-    root: Path, mounts: Sequence[mountinfo.Mount], allowed: Mapping[str, str]
+    root: Path, mounts: Sequence[mountinfo.Mount], allowed: Mapping[str, str], looked_at: float | None = None
 ) -> list[dict[str, Any]]:
     """The device nodes off the allowlist the task's root shows: under /dev and every other devtmpfs
     mount (the host's /dev bound in at /host/dev), and any mount point that is one (a node bound next
-    to a minimal /dev)."""
+    to a minimal /dev).
+
+    `looked_at`: when the host began this reading (time.time()), after the task announced, so after its
+    own trials. A node whose inode changed later (its ctime: a pseudo-terminal's /dev/pts/N is made when
+    someone opens /dev/ptmx, fs/devpts/inode.c devpts_pty_new) appeared after the task looked: marked
+    `late`, which the witness cannot ask the task to have tried. Measured: with the host's / bound in, a
+    terminal another run opened meanwhile showed up as an untried /hostroot/dev/pts/0, 1 run in 3."""
     found: dict[str, dict[str, Any]] = {}
+
+    def entry(path: str, st: os.stat_result) -> dict[str, Any]:
+        late = looked_at is not None and st.st_ctime > looked_at
+        return {"path": path, "rdev": _rdev(st), **({"late": True} if late else {})}
+
     devfs = [Path(m.mount_point) for m in mounts if m.fstype == "devtmpfs" and m.mount_point != "/dev"]
     level, seen = [Path("/dev"), *devfs[:20]], 0
     for _ in range(3):
@@ -866,13 +877,13 @@ def device_nodes(
                 if stat.S_ISDIR(st.st_mode):
                     nxt.append(d / e.name)
                 elif _is_node(st) and not device_allowed(path, st, allowed):
-                    found[path] = {"path": path, "rdev": _rdev(st)}
+                    found[path] = entry(path, st)
         level = nxt
     for m in mountinfo.on_top(mounts):
         with contextlib.suppress(OSError):
             st = os.stat(root / m.mount_point.lstrip("/"))
             if _is_node(st) and not device_allowed(m.mount_point, st, allowed):
-                found.setdefault(m.mount_point, {"path": m.mount_point, "rdev": _rdev(st)})
+                found.setdefault(m.mount_point, entry(m.mount_point, st))
     return sorted(found.values(), key=lambda x: str(x["path"]))[:200]
 
 
@@ -889,6 +900,7 @@ def what_it_reaches(
 ) -> dict[str, Any]:
     """`mounts`: the task's whole mount namespace (a descriptor on none of them leads out of it);
     `visible`: the ones it reaches from its own root (where an exposure or a device node is judged)."""
+    looked_at = time.time()  # after the task's announce: its own trials are over (device_nodes)
     base, root = proc / str(pid), proc / str(pid) / "root"
     status = _attempt(lambda: _status(_read(base / "status")))
     uid_map = _attempt(lambda: _read(base / "uid_map"))
@@ -914,7 +926,7 @@ def what_it_reaches(
         out["secret_file"] = exposed([asked.secret_file] if asked.secret_file else [], root, visible,
                                      host_mounts, creds)
     out["sockets"] = [e for e in exposed(asked.sockets, root, visible, host_mounts, creds) if e["usable"]]
-    out["devices"] = device_nodes(root, visible, asked.devices)
+    out["devices"] = device_nodes(root, visible, asked.devices, looked_at)
     sysfs = mountinfo.serving(visible, "/proc/sys")
     out["proc_sys"] = (
         {"fstype": sysfs.fstype, "mount_point": sysfs.mount_point, "ro": sysfs.read_only} if sysfs else None

@@ -126,7 +126,12 @@ def _run(cmd: Command, scratch: Path) -> str | None:
         return None
     # The lines that say what went wrong, wherever they are: a `controls` table is longer than any tail,
     # and its FAILED row was cut off once (a fresh clone under load: `controls` exited 1, reason unseen).
-    said = [ln for ln in done.stdout.splitlines() if re.search(r"FAILED|BROKEN|harness error", ln)]
+    # With a FAILED control, its reasons: the `  - ` lines right under it (commands/controls.py).
+    said, under_failed = [], False
+    for ln in done.stdout.splitlines():
+        under_failed = (under_failed and ln.startswith("  - ")) or "FAILED" in ln
+        if under_failed or re.search(r"BROKEN|harness error", ln):
+            said.append(ln)
     return (
         f"{cmd.doc}:{cmd.line}: `{cmd.text}` exited {done.returncode}, the document says {want}\n"
         + "".join(f"{ln[:2000]}\n" for ln in said[:20])

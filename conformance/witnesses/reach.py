@@ -238,8 +238,10 @@ def test_only_allowlisted_device_nodes_can_be_opened(sbxc_task: Task) -> None:
     tried_paths = {d["path"] for d in tried}
     seen = [] if _task_view(sbxc_task) else _reach(sbxc_task)["devices"]
     # The host sees a node the task never tried: a path outside /dev (a node bound next to a minimal /dev)
-    # or one the task's own listing missed. Whether it would open is then unknown: never a pass.
-    untried = [f"{d['path']} ({d['rdev']})" for d in seen if d["path"] not in tried_paths]
+    # or one the task's own listing missed. Whether it would open is then unknown: never a pass. Not one
+    # that appeared after the task looked (`late`: made after the host began reading, by its ctime).
+    untried = [f"{d['path']} ({d['rdev']})" for d in seen
+               if d["path"] not in tried_paths and not d.get("late")]
     assert not opened and not untried, (
         f"device nodes off the allowlist: the task opened {opened}; the host sees, untried, {untried}"
     )
