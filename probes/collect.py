@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import time
 from collections.abc import Callable, Iterable
 
 from sandbox_conformance.probes.finding import Finding, Verdict
@@ -30,6 +31,19 @@ LAUNCHES_FIRST = ("sandbox_conformance.probes.ladder", "sandbox_conformance.prob
                   "sandbox_conformance.probes.bwrap")
 
 
+# No probe may hold a run for ever. Each bounds its children (Host.trial: 10 s, once more at 30 s), but
+# a probe's own file operations have no timeout: stat(2) or open(2) under a hard-mounted NFS home whose
+# server is gone sleeps in the kernel until the server answers. Past this deadline a module's findings
+# are unknown (never a pass), naming where its thread stood, and the thread is left behind as a daemon
+# (the interpreter does not wait for it at exit). Far past the longest honest sum: the ladder's combined
+# trial then its rungs in parallel, each 10 s and once more at 30 s, is 80 s; the deployment probe runs
+# up to four commands of 10 s one after another (two managers, two engines).
+DEADLINE = 300.0
+
+
+_PROBE_FILES = {f"{m.rsplit('.', 1)[1]}.py" for m in MODULES}
+
+
 def _module_probe(name: str) -> Callable[[Host], list[Finding]]:
     probe: Callable[[Host], list[Finding]] = importlib.import_module(name).probe  # each module's contract
     return probe
@@ -50,8 +64,21 @@ def collect(host: Host | None = None, only: Iterable[str] | None = None) -> list
     results: dict[str, Finding] = {}
     # One thread per module, all started before any is waited for: the ladder's trials, the sandboxed
     # probe's child and `bwrap --version` overlap (most of a probe run is waiting for children).
-    running = {m: Background(_module_probe(m), host, name=f"sbxc-{m}") for m in modules}
+    running = {m: Background(_module_probe(m), host, name=f"sbxc-{m}", daemon=True) for m in modules}
+    deadline = time.monotonic() + DEADLINE
     for m, task in running.items():
+        if not task.wait(deadline - time.monotonic()):
+            where = task.where(depth=8)
+            # The innermost frame of a probe names the operation better than the library call under it.
+            ours = next((w for w in where if w.split(":")[0] in _PROBE_FILES),
+                        where[0] if where else "its end")
+            for pid in MODULES[m]:
+                results[pid] = Finding(
+                    pid, Verdict.unknown,
+                    f"probe did not finish within {DEADLINE:g} s (still at {ours}): "
+                    "a file operation that never returns, such as one under a network filesystem whose "
+                    "server is gone?", {"deadline_seconds": f"{DEADLINE:g}", "where": " < ".join(where)})
+            continue
         try:
             for f in task.result():
                 results[f.probe] = f

@@ -369,10 +369,14 @@ class Background(Generic[T]):
     `probe` start-up). A child started from this thread keeps its parent-death signal for as long as
     run() waits for it, as above."""
 
-    def __init__(self, fn: Callable[..., T], *args: Any, name: str = "sbxc-probe") -> None:
+    def __init__(self, fn: Callable[..., T], *args: Any, name: str = "sbxc-probe",
+                 daemon: bool = False) -> None:
+        """`daemon`: the interpreter may exit while fn is still running (threading: daemon threads are not
+        joined at exit); for work that can block where no timeout reaches, a stat(2) on a dead network
+        filesystem, whose caller gives up on it with wait()."""
         self._value: T | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._body, args=(fn, args), name=name, daemon=False)
+        self._thread = threading.Thread(target=self._body, args=(fn, args), name=name, daemon=daemon)
         self._thread.start()
 
     def _body(self, fn: Callable[..., T], args: tuple[Any, ...]) -> None:
@@ -388,6 +392,20 @@ class Background(Generic[T]):
     def done(self) -> bool:
         """It has ended (as concurrent.futures.Future.done says)."""
         return not self._thread.is_alive()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for it to end; whether it has."""
+        self._thread.join(max(0.0, timeout))
+        return self.done()
+
+    def where(self, depth: int = 3) -> list[str]:
+        """Where it is now, innermost frame first ("file:line function"): the evidence for a caller
+        that gave up waiting. Empty once it has ended."""
+        import traceback  # only on this rare path: every run's start-up pays for its imports
+
+        frame = sys._current_frames().get(self._thread.ident or -1)
+        stack = traceback.extract_stack(frame)[::-1][:depth] if frame is not None else []
+        return [f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in stack]
 
     def result(self) -> T:
         self._thread.join()
