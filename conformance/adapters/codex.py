@@ -16,6 +16,15 @@ given with `-c` (Codex's config overrides, parsed as TOML), so nothing of it liv
 CODEX_HOME is a directory of the caller's own outside /tmp (~/.cache/sandbox-conformance/codex-home):
 Codex writes its helper's alias there and refuses to do so under the temp dir (then the sandbox cannot
 start: "execvp codex-linux-sandbox"). HOME is the task's workdir, as for the other adapters.
+Codex's two directories in the temp dir stay there, as any use of Codex leaves them: the
+`codex-bwrap-synthetic-mount-targets-UID` directory and its `lock` are, by the binary's own messages,
+the "synthetic bubblewrap mount registry" that every Codex of one user shares to track the placeholder
+mount targets it creates for paths that do not exist (and to remove stale ones). A TMPDIR of the
+launch's own made it private to one Codex (018d38f, reverted): the first launch of a fresh clone then
+hung for 25 s, once, with the matrix's Codex columns running beside it (the likely cause: two
+registries, so neither Codex saw the other's targets; not reproduced alone). `codex-daemon-UID` is
+made there whatever TMPDIR says and masked by a mode-000 tmpfs in every sandbox Codex makes; rmdir(2)
+of it while another Codex holds it as a mount point would detach that mount there.
 
 Launcher command (the witness appends `python3 -I -S -`, run here with the pinned /usr/bin/python3):
     PYTHON -m sandbox_conformance.conformance.adapters.codex --
