@@ -66,6 +66,23 @@ def collect(host: Host | None = None, only: Iterable[str] | None = None) -> list
     # probe's child and `bwrap --version` overlap (most of a probe run is waiting for children).
     running = {m: Background(_module_probe(m), host, name=f"sbxc-{m}", daemon=True) for m in modules}
     deadline = time.monotonic() + DEADLINE
+    try:
+        _gather(running, deadline, results)
+    except BaseException:
+        # Stopped (a signal, ^C) while waiting: a probe's own clean-up (container_engine's scratch
+        # directory and podman's pause process) runs in its thread, which the interpreter would drop at
+        # exit, a daemon. Their children are stopped by processes/cancel.py or the same ^C, so they end
+        # promptly; waited for, never past the deadline.
+        for task in running.values():
+            task.wait(deadline - time.monotonic())
+        raise
+    return [results[i] for i in PROBE_IDS if i in wanted and i in results]
+
+
+def _gather(running: dict[str, Background[list[Finding]]], deadline: float,
+            results: dict[str, Finding]) -> None:
+    """Each module's findings into `results`, in order; unknown for a module that raised or that had not
+    ended by `deadline`."""
     for m, task in running.items():
         if not task.wait(deadline - time.monotonic()):
             where = task.where(depth=8)
@@ -86,4 +103,3 @@ def collect(host: Host | None = None, only: Iterable[str] | None = None) -> list
             for pid in MODULES[m]:
                 results[pid] = Finding(pid, Verdict.unknown, f"probe crashed: {type(e).__name__}: {e}",
                                        {"exception": repr(e)})
-    return [results[i] for i in PROBE_IDS if i in wanted and i in results]

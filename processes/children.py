@@ -370,12 +370,19 @@ class Background(Generic[T]):
     run() waits for it, as above."""
 
     def __init__(self, fn: Callable[..., T], *args: Any, name: str = "sbxc-probe",
-                 daemon: bool = False) -> None:
+                 daemon: bool | None = None) -> None:
         """`daemon`: the interpreter may exit while fn is still running (threading: daemon threads are not
         joined at exit); for work that can block where no timeout reaches, a stat(2) on a dead network
-        filesystem, whose caller gives up on it with wait()."""
+        filesystem, whose caller gives up on it with wait(). None: as the thread that starts it
+        (threading.Thread's rule), so what a daemon starts cannot hold the exit either."""
         self._value: T | None = None
         self._error: BaseException | None = None
+        # Waited for by this event, never by Thread.join: on Python 3.11 and 3.12 a join interrupted by a
+        # signal handler's exception (^C, our Cancelled) releases the thread's state lock and marks the
+        # thread stopped while it still runs (threading._wait_for_tstate_lock, the bpo-45274 handling),
+        # so every later join or is_alive() says it ended. Measured: the wait after a ^C returned at
+        # once and the probe's `finally` never ran.
+        self._ended = threading.Event()
         self._thread = threading.Thread(target=self._body, args=(fn, args), name=name, daemon=daemon)
         self._thread.start()
 
@@ -384,31 +391,36 @@ class Background(Generic[T]):
             self._value = fn(*args)
         except BaseException as e:  # handed to whoever asks for the result, in their thread
             self._error = e
+        finally:
+            self._ended.set()
 
     def join(self) -> None:
         """Wait for it to end, whatever it ended with."""
-        self._thread.join()
+        self._ended.wait()
 
     def done(self) -> bool:
         """It has ended (as concurrent.futures.Future.done says)."""
-        return not self._thread.is_alive()
+        return self._ended.is_set()
 
     def wait(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for it to end; whether it has."""
-        self._thread.join(max(0.0, timeout))
-        return self.done()
+        return self._ended.wait(max(0.0, timeout))
 
     def where(self, depth: int = 3) -> list[str]:
         """Where it is now, innermost frame first ("file:line function"): the evidence for a caller
         that gave up waiting. Empty once it has ended."""
-        import traceback  # only on this rare path: every run's start-up pays for its imports
-
+        # From the frames alone: traceback's summaries go through linecache, which stats and reads each
+        # frame's source file, and this is asked of a thread stuck in the filesystem.
         frame = sys._current_frames().get(self._thread.ident or -1)
-        stack = traceback.extract_stack(frame)[::-1][:depth] if frame is not None else []
-        return [f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in stack]
+        where: list[str] = []
+        while frame is not None and len(where) < depth:
+            code = frame.f_code
+            where.append(f"{os.path.basename(code.co_filename)}:{frame.f_lineno} {code.co_name}")
+            frame = frame.f_back
+        return where
 
     def result(self) -> T:
-        self._thread.join()
+        self._ended.wait()
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]

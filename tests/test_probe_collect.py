@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -89,3 +90,84 @@ def test_the_process_exits_though_a_probe_is_still_blocked() -> None:
                           timeout=30)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "unknown"
+
+
+def test_where_reads_no_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    # It is asked of a thread stuck in the filesystem: it must not stat or read a source file itself.
+    from sandbox_conformance.processes.children import Background
+
+    release = threading.Event()
+    task = Background(lambda: release.wait(30), name="sbxc-test-where")
+    try:
+        time.sleep(0.1)
+
+        def no_file(*args: object, **kw: object) -> None:
+            raise AssertionError(f"a file was touched: {args}")
+
+        monkeypatch.setattr("os.stat", no_file)
+        monkeypatch.setattr("builtins.open", no_file)
+        where = task.where(depth=5)
+    finally:
+        monkeypatch.undo()
+        release.set()
+        task.join()
+    assert where and "wait" in where[0], where
+    assert any("<lambda>" in w for w in where), where
+
+
+def test_what_a_probe_starts_cannot_hold_the_exit_either() -> None:
+    # The ladder starts its trials on threads of its own: they take the probe thread's daemon status
+    # (threading.Thread's rule for daemon=None), or the interpreter would join them at exit.
+    program = textwrap.dedent("""
+        import threading, time
+        from sandbox_conformance.processes.children import Background
+        inner = []
+        outer = Background(lambda: inner.append(Background(lambda: threading.Event().wait())) or
+                           threading.Event().wait(), daemon=True)
+        while not inner:
+            time.sleep(0.01)
+        print(inner[0]._thread.daemon)
+    """)
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+    assert time.monotonic() - started < 20
+
+
+def test_a_stop_while_waiting_lets_each_probe_finish_its_clean_up(tmp_path: Path) -> None:
+    # ^C while collect() waits: the probes' threads are daemons, so without a wait their `finally`
+    # (a scratch directory removed, a pause process killed) would be dropped at exit.
+    marker = tmp_path / "cleaned"
+    program = textwrap.dedent(f"""
+        import sys, time, types
+        from sandbox_conformance.probes import collect as c
+        from sandbox_conformance.probes.finding import Finding, Verdict
+        from sandbox_conformance.probes.host import Host
+        def slow(host):
+            try:
+                time.sleep(1.5)
+                return [Finding("slow", Verdict.supported, "done")]
+            finally:
+                open({str(marker)!r}, "w").close()
+        mod = types.ModuleType("sbxc_fake_slow")
+        mod.probe = slow
+        sys.modules[mod.__name__] = mod
+        c.MODULES, c.PROBE_IDS, c.LAUNCHES_FIRST = {{mod.__name__: ("slow",)}}, ("slow",), ()
+        print("ready", flush=True)
+        try:
+            c.collect(Host())
+        except KeyboardInterrupt:
+            sys.exit(130)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", program], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        proc.kill()
+        proc.wait()
+    assert marker.exists()
