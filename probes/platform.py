@@ -210,7 +210,7 @@ def probe(host: Host) -> list[Finding]:
     evidence["osrelease"] = str(kernel)
     facts = {
         "os": os_name, "os_id": rel.get("ID"), "os_version_id": rel.get("VERSION_ID"),
-        "kernel": kernel, "arch": os.uname().machine, "wsl": wsl,
+        "system": os.uname().sysname, "kernel": kernel, "arch": os.uname().machine, "wsl": wsl,
         "container": decision.container, "conflict": decision.conflict, "signals": list(decision.signals),
     }
     head = f"{os_name}, kernel {kernel}, {facts['arch']}" + (f", WSL{wsl}" if wsl else "")

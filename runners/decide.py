@@ -227,6 +227,14 @@ def _not_linux(plat: Finding) -> str | None:
     return None
 
 
+def _known_elsewhere(plat: Finding) -> bool:
+    """The platform probe found, positively, a kernel other than Linux's or WSL1: a sandboxed unknown
+    there is the platform's (no /proc to read). A platform probe that could not tell (crashed, or
+    still running at the probes' deadline: no facts at all) is not that, nor is a Linux without /proc."""
+    system = plat.facts.get("system")
+    return (system is not None and system != "Linux") or str(plat.facts.get("wsl")) == "1"
+
+
 class Blocker(NamedTuple):
     """One thing that keeps auto from choosing native, and what would lift it (None: nothing we can
     name beyond the probe's evidence)."""
@@ -312,7 +320,7 @@ def decide(request: Request, findings: Sequence[Finding] | Mapping[str, Finding]
     # socket, a container would run outside it (step 1's rule). Auto picks nothing; a mode asked for
     # runs, saying so. Elsewhere (macOS, WSL1) there is no /proc to read: that unknown is the platform's.
     sb = by["sandboxed"]
-    if sb.verdict is Verdict.unknown and _not_linux(by["platform"]) is None:
+    if sb.verdict is Verdict.unknown and not _known_elsewhere(by["platform"]):
         line = f"could not tell whether this runs inside a sandbox (sandboxed: unknown: {sb.reason})"
         if request.mode is Mode.auto:
             return _refuse(f"{line}; auto will not pick a mode here", ways_on=WAYS_ON_UNKNOWN_SANDBOX)

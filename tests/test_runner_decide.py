@@ -41,7 +41,7 @@ ENGINE = (S, {"cli": "docker", "socket": "/run/docker.sock"})
 SIGNATURE_MATCH = (DET, {"configured": True, "matches": ["unit agentd-agent.service"]})
 SIGNATURE_CLEAR = (ND, {"configured": True, "matches": []})
 SIGNATURE_FAILED = (UNK, {"configured": True, "arms": {"units": "failed: systemctl exited 1"}})
-DARWIN = (UNK, {"os": "Darwin", "kernel": None})
+DARWIN = (UNK, {"os": "Darwin", "system": "Darwin", "kernel": None})
 WSL1 = (ND, {"os": "Ubuntu", "kernel": "4.4.0-19041-Microsoft", "wsl": "1"})
 MALFORMED = (UNK, {"configured": False, "errors": ["/etc/x.toml: Expected '=' (line 2)"]})
 NESTED = (D, {"cause": "nested", "errno": "ENOSPC"})
@@ -370,3 +370,17 @@ def test_an_unknown_sandboxed_verdict_is_said_where_a_mode_asked_for_runs_anyway
     assert ran.mode is Mode.container
     assert any("could not tell whether this runs inside a sandbox" in n and "--mode container" in n
                for n in ran.notes), ran.notes
+
+
+def test_a_platform_probe_that_could_not_tell_is_no_reason_to_trust_an_unknown_sandboxed() -> None:
+    # A platform finding with no facts (crashed, or past the probes' deadline: probes/collect.py) says
+    # nothing about the kernel: auto must still refuse to pick a mode over a sandboxed unknown.
+    for platform in ((UNK, {}), (UNK, {"system": "Linux", "kernel": None})):
+        refused = decide(Request(Mode.auto), host(platform=platform, sandboxed=UNK, container_engine=ENGINE))
+        assert refused.mode is None, (platform, refused)
+        assert "could not tell whether this runs inside a sandbox" in refused.reasons[0]
+    # Where the probe knows the kernel is not Linux's, the unknown is the platform's, as before.
+    ran = decide(Request(Mode.auto), host(platform=DARWIN, bwrap=U, userns=UNK, userns__map=UNK, netns=UNK,
+                                          pidns__proc=UNK, disable_userns=UNK, sandboxed=UNK,
+                                          container_engine=ENGINE))
+    assert ran.mode is Mode.container, ran
