@@ -23,7 +23,7 @@ from typing import Any
 
 from sandbox_conformance.conformance import output
 from sandbox_conformance.conformance.render import Format
-from sandbox_conformance.processes import cancel, outputs
+from sandbox_conformance.processes import cancel, inputs, outputs
 from sandbox_conformance.processes.exits import EXIT_USAGE, UsageError, check_as_user, check_seconds
 from sandbox_conformance.runners import native, orchestrate, run_verdict, witness_args
 from sandbox_conformance.runners.decide import Mode, Request
@@ -80,6 +80,11 @@ def _validate(args: argparse.Namespace, request: Request) -> None:
                          "unprivileged user")
     check_as_user(args.as_user)  # the witness command's own check: root, a real user, its group
     check_seconds("--timeout", args.timeout)
+    from sandbox_conformance.probes import deployment
+
+    config = os.environ.get(deployment.ENV)
+    if config is not None and (problem := deployment.check_config(config)):
+        raise UsageError(f"{deployment.ENV}={inputs.shown(config)!r}: {problem}")
     if request.mode in (Mode.auto, Mode.native, Mode.container):
         # Where a native witness run makes its layouts, container mode its inputs and reports.
         outputs.check_temp_space()

@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 from sandbox_conformance.probes import container_engine as engines
 from sandbox_conformance.probes.finding import Finding, Verdict
 from sandbox_conformance.probes.host import Host
+from sandbox_conformance.processes import inputs
 
 ENV = "SANDBOX_CONFORMANCE_DEPLOYMENT_CONFIG"
 SYSTEM_FILE = "/etc/sandbox-conformance/deployment.toml"
@@ -138,6 +139,37 @@ class Loaded(NamedTuple):
     errors: tuple[str, ...]  # "path: problem"
 
 
+def _read(where: Path) -> str | None:
+    """The signature file's text; None where nothing is there (ENOENT, or ENOTDIR: a file where a
+    directory of its path should be). Read as every input is (processes/inputs.py): a FIFO would block
+    open(2) until a writer came, /dev/zero never ends, a symlink loop is ELOOP; each an UnusableInput."""
+    try:
+        os.stat(where)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise inputs.UnusableInput(e.strerror or str(e)) from None
+    return inputs.read_text(where)
+
+
+def check_config(value: str) -> str | None:
+    """What is wrong with `value` as $SANDBOX_CONFORMANCE_DEPLOYMENT_CONFIG, or None: for `run` to say
+    before anything is probed (a usage error), not as a refusal after the probes."""
+    if not os.path.isabs(value):
+        return "must be an absolute path"
+    try:
+        text = _read(Path(value))
+    except inputs.UnusableInput as e:
+        return f"cannot read: {e}"
+    if text is None:
+        return "does not exist"
+    try:
+        parse_signature(text)
+    except BadSignature as e:
+        return str(e)
+    return None
+
+
 def load(host: Host) -> Loaded:
     sig, read, errors = Signature(), [], []
     for path, required in signature_files(host):
@@ -145,13 +177,13 @@ def load(host: Host) -> Loaded:
             errors.append(f"{path}: {ENV} must be an absolute path")
             continue
         try:
-            text = host.path(path).read_text()
-        except (FileNotFoundError, NotADirectoryError):
+            text = _read(host.path(path))
+        except inputs.UnusableInput as e:
+            errors.append(f"{path}: cannot read: {e}")
+            continue
+        if text is None:
             if required:
                 errors.append(f"{path}: does not exist ({ENV} names it)")
-            continue
-        except (PermissionError, IsADirectoryError, UnicodeDecodeError) as e:
-            errors.append(f"{path}: cannot read: {type(e).__name__}")
             continue
         read.append(path)
         try:

@@ -9,6 +9,7 @@ import re
 import socket
 import stat
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -281,3 +282,23 @@ def test_a_signature_whose_check_could_not_run_refuses_auto(tmp_path: Path,
     assert "deployment signature could not be checked" in c.stderr
     assert verdict(c) == ("REFUSED", "auto", 75)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("shape", ["relative", "missing", "fifo", "loop", "zero", "malformed"])
+def test_an_unusable_deployment_config_is_a_usage_error_before_any_probe(tmp_path: Path, shape: str) -> None:
+    # The variable is a promise of a signature: one that cannot be read is the user's mistake, said in one
+    # line before anything runs (it was a refusal after the probes, and a FIFO held the run 300 s).
+    path = tmp_path / "deployment.toml"
+    if shape == "fifo":
+        os.mkfifo(path)
+    elif shape == "loop":
+        path.symlink_to(path)
+    elif shape == "malformed":
+        path.write_text("[deployment\n")
+    value = {"relative": "deployment.toml", "zero": "/dev/zero"}.get(shape, str(path))
+    started = time.monotonic()
+    c = sbxc("run", "--print-mode", env=base_env(SANDBOX_CONFORMANCE_DEPLOYMENT_CONFIG=value))
+    assert c.returncode == 2, c.stdout + c.stderr
+    assert verdict(c)[0] == "ERROR" and "Traceback" not in c.stderr
+    assert "SANDBOX_CONFORMANCE_DEPLOYMENT_CONFIG=" in c.stderr
+    assert time.monotonic() - started < 60
