@@ -302,6 +302,23 @@ def test_the_firejail_adapter_never_stacks_a_read_only_root() -> None:
     assert "--read-only=/" not in firejail.FLAGS and "--private-dev" in firejail.FLAGS
 
 
+def test_a_sandbox_whose_version_hangs_is_unavailable_with_why_not_a_traceback(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `--version` was run with subprocess.run: a hang raised TimeoutExpired through `witness --adapter`'s
+    # input check, and killed the leader only.
+    from sandbox_conformance.conformance.adapters import _unavailable, bwrap_versions, firejail
+
+    for name in ("firejail", "bwrap"):
+        (tmp_path / name).write_text("#!/bin/sh\nsleep 60\n")
+        (tmp_path / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(firejail, "VERSION_TIMEOUT", 0.5)
+    monkeypatch.setattr(bwrap_versions, "VERSION_TIMEOUT", 0.5)
+    with pytest.raises(_unavailable.Unavailable, match=r"--version gave no version \(within 0.5 s\)"):
+        firejail.prefix()
+    assert bwrap_versions.version(tmp_path / "bwrap") is None
+
+
 def test_the_runsc_adapter_says_why_the_host_cannot_observe_its_tasks() -> None:
     from sandbox_conformance.conformance import adapters
     from sandbox_conformance.conformance.adapters import oci

@@ -9,23 +9,21 @@ libraries: it needs glibc 2.38, bookworm has 2.36)."""
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
+
+from sandbox_conformance.processes import children
 
 CACHE = Path(os.environ.get("SANDBOX_CONFORMANCE_CACHE", "/var/cache/sandbox-conformance"))
 # label -> the directory holding that version's `bwrap`
 VERSIONS = {"bwrap-0.12": CACHE / "bwrap-trixie" / "bin"}
+VERSION_TIMEOUT = 10.0
 
 
 def version(bwrap: Path | str) -> str | None:
     """`bubblewrap 0.12.0` -> "0.12.0"; None when it does not run."""
-    try:
-        out = subprocess.run(
-            [str(bwrap), "--version"], capture_output=True, text=True, timeout=10, check=False
-        ).stdout
-    except OSError:
-        return None
-    words = out.split()
+    # A bwrap that hangs is killed with its group at VERSION_TIMEOUT (processes/children.py): None, as
+    # one that does not run.
+    words = children.run([str(bwrap), "--version"], timeout=VERSION_TIMEOUT).stdout.split()
     return words[1] if len(words) == 2 and words[0] == "bubblewrap" else None
 
 

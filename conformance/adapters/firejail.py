@@ -28,11 +28,12 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import subprocess
 
 from sandbox_conformance.conformance.adapters._unavailable import Unavailable
+from sandbox_conformance.processes import children
 
 VERSION = "0.9.72"  # what firejail.toml was measured with
+VERSION_TIMEOUT = 10.0
 HOSTNAME = "sbxc-task"
 FLAGS = (
     "--noprofile", "--quiet",
@@ -50,9 +51,11 @@ FLAGS = (
 
 
 def version(exe: str) -> str:
-    out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10, check=False).stdout
+    """"0.9.72" from "firejail version 0.9.72"; "" where it did not answer (within 10 s: its group
+    killed then, as every child of ours is, processes/children.py)."""
+    out = children.run([exe, "--version"], timeout=VERSION_TIMEOUT).stdout
     first = out.splitlines()[0] if out else ""
-    return first.rsplit(" ", 1)[-1]  # "firejail version 0.9.72"
+    return first.rsplit(" ", 1)[-1]
 
 
 def private_mounts(as_user: str | None = None) -> list[str]:
@@ -70,5 +73,6 @@ def prefix(as_user: str | None = None) -> str:
         raise Unavailable("firejail not installed (apt-get install --no-install-recommends firejail)")
     v = version(exe)
     if v != VERSION:
-        raise Unavailable(f"firejail {v}: firejail.toml was measured with {VERSION}")
+        said = f"firejail {v}" if v else f"{exe} --version gave no version (within {VERSION_TIMEOUT:g} s)"
+        raise Unavailable(f"{said}: firejail.toml was measured with {VERSION}")
     return shlex.join([*private_mounts(as_user), exe, *FLAGS])
