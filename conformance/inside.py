@@ -1109,12 +1109,18 @@ def _rdev(st: os.stat_result) -> str:
     return f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
 
 
+# How deep under /dev (and every other devtmpfs) nodes are looked for; observer.DEVICE_DEPTH is the same.
+# /dev/bus/usb/BUS/DEV is 4 levels down (a USB device handed in with `--device`): 3 missed it.
+DEVICE_DEPTH = 6
+
+
 def device_trials(allowed: "Mapping[str, Any]", extra: "Sequence[str]",
                   roots: "Sequence[str]" = ("/dev",)) -> "list[dict[str, object]]":
     # Every device node under /dev and the other device filesystems `roots` (the host's /dev bound in
     # at /host/dev), and at the paths the plan names, each not on the allowlist opened read-only and
     # non-blocking, then write-only: what the task could do with it.
-    nodes = _walk(list(roots), 3, lambda p, st: stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode))
+    nodes = _walk(list(roots), DEVICE_DEPTH,
+                  lambda p, st: stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode))
     for p in extra:
         if p not in nodes and os.path.exists(p):
             nodes.append(p)

@@ -838,6 +838,11 @@ def _is_node(st: os.stat_result) -> bool:
     return stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
 
 
+# How deep under /dev (and every other devtmpfs) nodes are looked for: inside.DEVICE_DEPTH, which the
+# task walks (the host asking for a node the task never reached would fail every run).
+DEVICE_DEPTH = 6
+
+
 def device_nodes(
     root: Path, mounts: Sequence[mountinfo.Mount], allowed: Mapping[str, str], looked_at: float | None = None
 ) -> list[dict[str, Any]]:
@@ -858,7 +863,7 @@ def device_nodes(
 
     devfs = [Path(m.mount_point) for m in mounts if m.fstype == "devtmpfs" and m.mount_point != "/dev"]
     level, seen = [Path("/dev"), *devfs[:20]], 0
-    for _ in range(3):
+    for _ in range(DEVICE_DEPTH):
         nxt = []
         for d in level:
             try:

@@ -98,3 +98,19 @@ def test_device_nodes_are_tried_under_every_device_filesystem_given(tmp_path: Pa
     out = inside.device_trials({}, [], ["/nonexistent-dev", str(tmp_path)])
     node = str(tmp_path / "sub" / "node")
     assert [(e["path"], e["rdev"], e["allowed"]) for e in out] == [(node, "240:0", False)]
+
+
+def test_a_node_four_levels_down_is_found_by_the_task_and_the_host(tmp_path: Path) -> None:
+    # /dev/bus/usb/001/004, a USB device handed in with `--device`: both walks stopped at 3 levels.
+    if os.geteuid() != 0:
+        pytest.skip("mknod needs root")
+    from sandbox_conformance.conformance import inside, observer
+
+    deep = tmp_path / "dev" / "bus" / "usb" / "001"
+    deep.mkdir(parents=True)
+    # Char 240:0, "local/experimental use" (Documentation/admin-guide/devices.txt): no driver here.
+    os.mknod(deep / "004", 0o600 | stat.S_IFCHR, os.makedev(240, 0))
+    tried = inside.device_trials({}, [], [str(tmp_path / "dev")])
+    assert [e["path"] for e in tried] == [str(deep / "004")]
+    seen = observer.device_nodes(tmp_path, [], {})
+    assert [d["path"] for d in seen] == ["/dev/bus/usb/001/004"]
