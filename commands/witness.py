@@ -360,6 +360,8 @@ def _document(args: argparse.Namespace, settings: Settings, code: int, rc: int,
                 # what the sandbox's other processes in the task's pid namespace, and any that entered
                 # it, came to hold after the handshake
                 "held_late": list(t.held_late),
+                # where the launcher's secret showed up after the handshake (a process that entered since)
+                "secret_late": list(t.secret_late),
             }
             for t in tasks
         ],

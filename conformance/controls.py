@@ -609,6 +609,14 @@ REACH: tuple[Control, ...] = (
         reddens=(DESCRIPTORS,),
     ),
     Control(
+        "exec_late_with_secret",
+        "after the handshake, a process enters the sandbox from outside carrying the launcher's "
+        "environment, secret and all (`docker exec -e TOKEN=...`, a `kubectl exec` from a daemon that "
+        "holds the key): the task, of the same uid, reads its /proc/PID/environ after its own search",
+        launcher_args=("--exec-late-env",),
+        reddens=(SECRETS,),
+    ),
+    Control(
         "helper_held_late",
         "a helper of the sandbox's in the task's pid namespace, there and clean at the handshake, is "
         "handed a descriptor of a host directory over a unix socket once the task is released (a "

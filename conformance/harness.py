@@ -560,6 +560,7 @@ class WitnessSession(contextlib.AbstractContextManager["WitnessSession"]):
             changes=tuple(watch.changes),
             looks=watch.looks,
             held_late=tuple(watch.held_late),
+            secret_late=tuple(watch.secret_late),
             survivors=tuple(watch.survivors or ()),
             host_devices=watch.host_devices,
             knocks=_from_task(knocks, watch.seen),

@@ -1234,6 +1234,8 @@ class Watch:
         # What processes of the task's pid namespace other than the task's own came to hold after the
         # handshake that leads out (see _look_later), each once.
         self.held_late: list[dict[str, Any]] = []
+        # Where the launcher's secret showed up after the handshake (see _look_later).
+        self.secret_late: list[str] = []
         self._classified: dict[int, bool] = {}
         self._helpers: dict[int, int] = {}
         self._followed: int | None = None
@@ -1323,6 +1325,18 @@ class Watch:
         helpers = still(self._helpers)
         if not late and not helpers:
             return
+        if asked.secret:
+            # The handshake read every process then in the namespace for the secret; one that entered
+            # since (`docker exec -e TOKEN=...`, `kubectl exec` from a daemon that holds the key) or a
+            # helper that exec'd again (environ is what the last execve got) is read here. The task, of
+            # the same uid, reads their /proc/PID/environ as the host does.
+            for p in [*helpers, *late]:
+                for what in ("environ", "cmdline"):
+                    where = f"/proc/{p}/{what} (host pid, after the handshake)"
+                    with contextlib.suppress(OSError):
+                        if where not in self.secret_late and asked.secret.encode() in \
+                                Path(f"/proc/{p}/{what}").read_bytes():
+                            self.secret_late.append(where)
         members = {*seen.reached.get("pids", []), *late}
         pids = [*helpers, *late]
         found = [*held(pids, seen.mounts, seen.namespaces, asked.devices, task=seen.pid, members=members),

@@ -719,6 +719,9 @@ class Task(NamedTuple):
     # any that entered it) came to hold after the handshake that leads out of it
     # (observer.Watch._look_later): descriptors, a cwd or root outside.
     held_late: tuple[Mapping[str, Any], ...] = ()
+    # Where the launcher's secret showed up after the handshake: a process that entered the task's pid
+    # namespace since, or a helper there, carrying it in its environment or argv (observer.Watch).
+    secret_late: tuple[str, ...] = ()
 
     def result(self, op: str, path: str) -> Mapping[str, Any]:
         # By index, not a scan of the ops: every witness asks for a few, and a profile of 2,000

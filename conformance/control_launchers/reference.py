@@ -40,6 +40,8 @@ What the task holds and reaches (issue 26), each the mistake of a real sandbox:
 --exec-late        what `runc exec` did in CVE-2024-21626: once the host has released the task from its
                    handshake, a process enters the sandbox's namespaces and root from outside holding a
                    descriptor of the layout's root (a host directory), with its cwd there, and sleeps.
+--exec-late-env    as --exec-late, but the entering process holds no host directory: it carries the
+                   launcher's environment, the planted secret with it (`docker exec -e TOKEN=...`).
 --helper-late      a helper of the sandbox's, started in its pid namespace and root before the host's
                    handshake look and holding nothing that leads out, is handed a descriptor of the
                    layout's root over a unix socket (SCM_RIGHTS, a broker's way) once the task is released.
@@ -135,6 +137,7 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--seccomp-x86-64-only", action="store_true")
     p.add_argument("--binfmt-bound", action="store_true")
     p.add_argument("--exec-late", action="store_true")
+    p.add_argument("--exec-late-env", action="store_true")
     p.add_argument("--helper-late", action="store_true")
     p.add_argument("--task", metavar="TASK_ID")
     p.add_argument("--user", metavar="NAME", help="the layout's user ([layout] user; default alice)")
@@ -411,18 +414,20 @@ def _forward(bwrap: subprocess.Popen[bytes], cmd: Sequence[str], waiting: list[i
         out.flush()
 
 
-def _join(task: int, host_dir: int, prctl: ModuleType, report: int) -> NoReturn:  # pragma: no cover - child
+def _join(task: int, host_dir: int | None, prctl: ModuleType, report: int,  # pragma: no cover - child
+          env: Mapping[str, str]) -> NoReturn:
     """In a forked child (single-threaded: setns(CLONE_NEWUSER) needs it): enter the task's namespaces
-    and root, fork the process that holds `host_dir` as a descriptor and as its cwd and sleeps, and
-    write its (host) pid to `report`."""
+    and root, fork the process that holds `host_dir` (if any) as a descriptor and as its cwd and sleeps
+    with `env` as its environment, and write its (host) pid to `report`."""
     try:
         _enter(task)
         sleeper = os.fork()
         if sleeper == 0:  # a child: only it is in the pid namespace setns entered
-            os.fchdir(host_dir)
-            os.set_inheritable(host_dir, True)
+            if host_dir is not None:
+                os.fchdir(host_dir)
+                os.set_inheritable(host_dir, True)
             _drop_capabilities(prctl)
-            os.execve("/bin/sleep", ["sleep", "600"], {})
+            os.execve("/bin/sleep", ["sleep", "600"], dict(env))
         os.write(report, f"{sleeper}\n".encode())
         os.wait()
     except (SandboxNotSetUp, OSError) as e:
@@ -518,7 +523,7 @@ def _read_line(fd: int, writer: int | None = None) -> bytes:
 
 
 def exec_late(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object], *,
-              helper: bool = False) -> int:
+              helper: bool = False, with_env: bool = False) -> int:
     """The reference sandbox, and after the handshake a process that enters it from outside holding a
     host directory (as a descriptor and as its cwd), then sleeps in the task's pid namespace: it goes
     when the sandbox's init does (zap_pid_ns_processes). Its environment is empty: the launcher's
@@ -529,7 +534,10 @@ def exec_late(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object
 
     `helper` (--helper-late): the process is started in the sandbox BEFORE the host's handshake look,
     holding nothing that leads out, and is handed the host directory over a unix socket after the
-    release: the sandbox's own helper comes to hold a way out the handshake judged clean."""
+    release: the sandbox's own helper comes to hold a way out the handshake judged clean.
+
+    `with_env` (--exec-late-env): the entering process holds no host directory, but carries the
+    launcher's environment, the planted secret with it (`docker exec -e TOKEN=...`)."""
     import signal
     import socket  # noqa: F401  # before the fork, for _helper (the child cannot import once inside)
 
@@ -571,12 +579,13 @@ def exec_late(body: Sequence[str], cmd: Sequence[str], spec: Mapping[str, object
                 if helper:
                     os.write(go, b"1")
                 else:
-                    host_dir = os.open(_layout_root(spec), os.O_RDONLY | os.O_DIRECTORY)
+                    host_dir = None if with_env else os.open(_layout_root(spec), os.O_RDONLY | os.O_DIRECTORY)
                     sys.stderr.flush()
                     joiners.append(os.fork())
                     if joiners[-1] == 0:  # pragma: no cover - child
-                        _join(task, host_dir, prctl, report_w)
-                    os.close(host_dir)
+                        _join(task, host_dir, prctl, report_w, os.environ if with_env else {})
+                    if host_dir is not None:
+                        os.close(host_dir)
                 os.close(report_w)
                 if _read_line(report):  # the sleeper's pid, or the helper's "held"
                     time.sleep(EXEC_LATE_SHOWN)
@@ -1135,8 +1144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             cmd = [python, "-I", "-S", "-c", LANDLOCK, args.landlock_refuse, str(LANDLOCK_WRITES), *cmd]
         if args.join:
             return join(body, cmd, spec)
-        if args.exec_late or args.helper_late:
-            return exec_late(body, cmd, spec, helper=args.helper_late)
+        if args.exec_late or args.helper_late or args.exec_late_env:
+            return exec_late(body, cmd, spec, helper=args.helper_late, with_env=args.exec_late_env)
         if args.offer_proxy:
             return offer_proxy(body, cmd, spec)
         os.execv(body[0], [*body, *cmd])

@@ -139,7 +139,7 @@ def test_the_task_holds_no_descriptor_that_leads_out(sbxc_task: Task) -> None:
 @witness("secrets")
 def test_the_launchers_secret_is_readable_nowhere_in_the_task(sbxc_task: Task) -> None:
     reached = {} if _task_view(sbxc_task) else _reach(sbxc_task)
-    holders = list(reached.get("secret_holders", []))
+    holders = [*reached.get("secret_holders", []), *sbxc_task.secret_late]
     files = [f"{e['host_path']} at {e['path']}" for e in reached.get("secret_file", [])]
     scan = _inside(sbxc_task, "secrets")
     inside = list(scan.get("found", []))
