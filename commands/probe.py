@@ -147,8 +147,16 @@ def _collect_as_user(only: list[str] | None, as_user: str) -> Background[list[Fi
     return Background(collect, Host(as_user=as_user), wanted) if wanted else None
 
 
+# Probes that answer "am I in X?" (detected / not_detected), never `supported`: required, they could
+# only ever fail (docs/findings.md).
+NOT_REQUIRABLE = ("platform", "sandboxed", "deployment")
+
+
 def main(args: argparse.Namespace) -> int:
     required = _ids(args.require, "--require")
+    if asks := [i for i in required if i in NOT_REQUIRABLE]:
+        raise UsageError(f"--require: {', '.join(asks)} answer detected or not_detected, never supported; "
+                         "read them from --json instead")
     only = _ids(args.only, "--only") or None
     if only is not None:
         only = sorted(set(only) | set(required))

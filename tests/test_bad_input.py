@@ -102,6 +102,14 @@ def test_an_empty_positional_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -
     one_usage_line(code, err, "empty")
 
 
+@pytest.mark.parametrize("probe", ["platform", "sandboxed", "deployment"])
+def test_requiring_a_probe_that_is_never_supported_is_a_usage_error(monkeypatch: pytest.MonkeyPatch,
+                                                                    probe: str) -> None:
+    # They answer detected / not_detected: `--require deployment` exited 1 on a host that was clear.
+    code, _, err = run_cli(monkeypatch, "probe", "--require", f"bwrap,{probe}")
+    one_usage_line(code, err, "--require", probe, "never supported")
+
+
 # ---- an output is never an input, nor another output ------------------------------------------------
 
 COLLIDE = [
