@@ -82,6 +82,14 @@ def _validate(args: argparse.Namespace, request: Request) -> None:
     check_seconds("--timeout", args.timeout)
     from sandbox_conformance.probes import deployment
 
+    accel = os.environ.get("SANDBOX_CONFORMANCE_VM_ACCEL")
+    if accel:
+        from sandbox_conformance.runners.vm.qemu import Accel  # only then: qemu's module is not small
+
+        if accel not in {a.value for a in Accel}:
+            # Read by the VM mode only after probing and building its image: a typo said here instead.
+            raise UsageError(f"SANDBOX_CONFORMANCE_VM_ACCEL={inputs.shown(accel)!r}: use "
+                             f"{' or '.join(a.value for a in Accel)}")
     config = os.environ.get(deployment.ENV)
     if config is not None and (problem := deployment.check_config(config)):
         raise UsageError(f"{deployment.ENV}={inputs.shown(config)!r}: {problem}")

@@ -302,3 +302,10 @@ def test_an_unusable_deployment_config_is_a_usage_error_before_any_probe(tmp_pat
     assert verdict(c)[0] == "ERROR" and "Traceback" not in c.stderr
     assert "SANDBOX_CONFORMANCE_DEPLOYMENT_CONFIG=" in c.stderr
     assert time.monotonic() - started < 60
+
+
+def test_a_misspelt_vm_accel_is_a_usage_error_before_any_work() -> None:
+    # It was read only once the VM mode had probed and built its image: a refusal (75) a minute later.
+    c = sbxc("run", "--mode", "vm", "--print-mode", env=base_env(SANDBOX_CONFORMANCE_VM_ACCEL="kmv"))
+    assert c.returncode == 2, c.stdout + c.stderr
+    assert "SANDBOX_CONFORMANCE_VM_ACCEL='kmv'" in c.stderr and verdict(c)[0] == "ERROR"
