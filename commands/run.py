@@ -75,6 +75,13 @@ def _validate(args: argparse.Namespace, request: Request) -> None:
             settings.check_named_files(args.profile, args.expected_skips)
         except settings.InvalidSettings as e:
             raise UsageError(str(e)) from None
+    given = [flag for flag, value in (("--image", args.image), ("--base-image", args.base_image)) if value]
+    if len(given) == 2:
+        raise UsageError("--image and --base-image: one or the other (--base-image is what the Dockerfile "
+                         "builds on, when no --image is given)")
+    if given and request.mode in (Mode.native, Mode.vm):
+        raise UsageError(f"{given[0]}: only container mode uses an image, and --mode {request.mode.value} "
+                         "was asked for")
     if args.as_user is not None and request.mode is Mode.container:
         raise UsageError("--as-user: container mode already runs the suite as root and as its own "
                          "unprivileged user")

@@ -110,6 +110,15 @@ def test_requiring_a_probe_that_is_never_supported_is_a_usage_error(monkeypatch:
     one_usage_line(code, err, "--require", probe, "never supported")
 
 
+@pytest.mark.parametrize("argv", [["--mode", "native", "--image", "x"], ["--mode", "vm", "--base-image", "x"],
+                                  ["--image", "x", "--base-image", "y"]])
+def test_an_image_option_no_mode_would_use_is_a_usage_error(monkeypatch: pytest.MonkeyPatch,
+                                                            argv: list[str]) -> None:
+    # They were dropped without a word: a run that did not test the image its user named.
+    code, _, err = run_cli(monkeypatch, "run", "--print-mode", *argv)
+    one_usage_line(code, err, "image")
+
+
 # ---- an output is never an input, nor another output ------------------------------------------------
 
 COLLIDE = [
