@@ -377,11 +377,11 @@ class Background(Generic[T]):
         (threading.Thread's rule), so what a daemon starts cannot hold the exit either."""
         self._value: T | None = None
         self._error: BaseException | None = None
-        # Waited for by this event, never by Thread.join: on Python 3.11 and 3.12 a join interrupted by a
-        # signal handler's exception (^C, our Cancelled) releases the thread's state lock and marks the
-        # thread stopped while it still runs (threading._wait_for_tstate_lock, the bpo-45274 handling),
-        # so every later join or is_alive() says it ended. Measured: the wait after a ^C returned at
-        # once and the probe's `finally` never ran.
+        # Waited for by this event, never by Thread.join: on Python 3.11 (read in 3.11.7's threading.py) a
+        # join interrupted by a signal handler's exception (^C, our Cancelled) releases the thread's state
+        # lock and marks the thread stopped while it still runs (_wait_for_tstate_lock, the bpo-45274
+        # handling), so every later join or is_alive() says it ended. Measured: the wait after a ^C
+        # returned at once and the probe's `finally` never ran.
         self._ended = threading.Event()
         self._thread = threading.Thread(target=self._body, args=(fn, args), name=name, daemon=daemon)
         self._thread.start()
