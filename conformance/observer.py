@@ -1330,12 +1330,15 @@ class Watch:
             # since (`docker exec -e TOKEN=...`, `kubectl exec` from a daemon that holds the key) or a
             # helper that exec'd again (environ is what the last execve got) is read here. The task, of
             # the same uid, reads their /proc/PID/environ as the host does.
+            # One the handshake already found is said once, as the handshake said it.
+            told = set(seen.reached.get("secret_holders", []))
             for p in [*helpers, *late]:
                 for what in ("environ", "cmdline"):
                     where = f"/proc/{p}/{what} (host pid, after the handshake)"
+                    if where in self.secret_late or f"/proc/{p}/{what} (host pid)" in told:
+                        continue
                     with contextlib.suppress(OSError):
-                        if where not in self.secret_late and asked.secret.encode() in \
-                                Path(f"/proc/{p}/{what}").read_bytes():
+                        if asked.secret.encode() in Path(f"/proc/{p}/{what}").read_bytes():
                             self.secret_late.append(where)
         members = {*seen.reached.get("pids", []), *late}
         pids = [*helpers, *late]
