@@ -607,6 +607,14 @@ REACH: tuple[Control, ...] = (
         "namespace holds a way out the handshake never saw",
         launcher_args=("--exec-late",),
         reddens=(DESCRIPTORS,),
+        collateral=(
+            Collateral(
+                SECRETS,
+                "the entering process is forked from the launcher and carries its environment, the "
+                "planted secret with it, until its execve(2) (a few milliseconds): a later look in that "
+                "window finds the secret in its /proc/PID/environ, as the task could",
+            ),
+        ),
     ),
     Control(
         "exec_late_with_secret",
