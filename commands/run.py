@@ -87,8 +87,6 @@ def _validate(args: argparse.Namespace, request: Request) -> None:
                          "unprivileged user")
     check_as_user(args.as_user)  # the witness command's own check: root, a real user, its group
     check_seconds("--timeout", args.timeout)
-    from sandbox_conformance.probes import deployment
-
     accel = os.environ.get("SANDBOX_CONFORMANCE_VM_ACCEL")
     if accel:
         from sandbox_conformance.runners.vm.qemu import Accel  # only then: qemu's module is not small
@@ -97,6 +95,8 @@ def _validate(args: argparse.Namespace, request: Request) -> None:
             # Read by the VM mode only after probing and building its image: a typo said here instead.
             raise UsageError(f"SANDBOX_CONFORMANCE_VM_ACCEL={inputs.shown(accel)!r}: use "
                              f"{' or '.join(a.value for a in Accel)}")
+    from sandbox_conformance.probes import deployment
+
     config = os.environ.get(deployment.ENV)
     if config is not None and (problem := deployment.check_config(config)):
         raise UsageError(f"{deployment.ENV}={inputs.shown(config)!r}: {problem}")

@@ -851,14 +851,18 @@ def device_nodes(
     to a minimal /dev).
 
     `looked_at`: when the host began this reading (time.time()), after the task announced, so after its
-    own trials. A node whose inode changed later (its ctime: a pseudo-terminal's /dev/pts/N is made when
-    someone opens /dev/ptmx, fs/devpts/inode.c devpts_pty_new) appeared after the task looked: marked
-    `late`, which the witness cannot ask the task to have tried. Measured: with the host's / bound in, a
+    own trials. A pseudo-terminal whose inode changed later (its ctime: /dev/pts/N is made when someone
+    opens /dev/ptmx, fs/devpts/inode.c devpts_pty_new) appeared after the task looked: marked `late`,
+    which the witness cannot ask the task to have tried. Measured: with the host's / bound in, a
     terminal another run opened meanwhile showed up as an untried /hostroot/dev/pts/0, 1 run in 3."""
     found: dict[str, dict[str, Any]] = {}
 
     def entry(path: str, st: os.stat_result) -> dict[str, Any]:
-        late = looked_at is not None and st.st_ctime > looked_at
+        # Pseudo-terminal slaves only (Unix98 majors 136-143, Documentation/admin-guide/devices.txt): the
+        # one kind of node made by an ordinary open on a running machine. A ctime any node's owner can
+        # bump (chmod) must not excuse a device the sandbox keeps touching to blind this reading.
+        pts = 136 <= os.major(st.st_rdev) <= 143
+        late = looked_at is not None and pts and st.st_ctime > looked_at
         return {"path": path, "rdev": _rdev(st), **({"late": True} if late else {})}
 
     devfs = [Path(m.mount_point) for m in mounts if m.fstype == "devtmpfs" and m.mount_point != "/dev"]
@@ -892,6 +896,18 @@ def device_nodes(
     return sorted(found.values(), key=lambda x: str(x["path"]))[:200]
 
 
+def secret_carriers(pids: Sequence[int], secret: str, proc: Path = Path("/proc")) -> list[str]:
+    """The environ and cmdline files of `pids` that hold `secret` ("/proc/PID/environ (host pid)"):
+    what a process of the same uid in their pid namespace reads there too (proc(5))."""
+    found = []
+    for p in pids:
+        for what in ("environ", "cmdline"):
+            with contextlib.suppress(OSError):
+                if secret.encode() in (proc / str(p) / what).read_bytes():
+                    found.append(f"/proc/{p}/{what} (host pid)")
+    return found
+
+
 def what_it_reaches(
     pid: int,
     asked: Reach,
@@ -921,13 +937,7 @@ def what_it_reaches(
                           *places_out(pids, mounts, proc, unread)]
     out["unread"] = sorted(set(unread))
     if asked.secret:
-        carriers = []
-        for p in pids:
-            for what in ("environ", "cmdline"):
-                with contextlib.suppress(OSError):
-                    if asked.secret.encode() in (proc / str(p) / what).read_bytes():
-                        carriers.append(f"/proc/{p}/{what} (host pid)")
-        out["secret_holders"] = carriers
+        out["secret_holders"] = secret_carriers(pids, asked.secret, proc)
         out["secret_file"] = exposed([asked.secret_file] if asked.secret_file else [], root, visible,
                                      host_mounts, creds)
     out["sockets"] = [e for e in exposed(asked.sockets, root, visible, host_mounts, creds) if e["usable"]]
@@ -1330,16 +1340,9 @@ class Watch:
             # since (`docker exec -e TOKEN=...`, `kubectl exec` from a daemon that holds the key) or a
             # helper that exec'd again (environ is what the last execve got) is read here. The task, of
             # the same uid, reads their /proc/PID/environ as the host does.
-            # One the handshake already found is said once, as the handshake said it.
-            told = set(seen.reached.get("secret_holders", []))
-            for p in [*helpers, *late]:
-                for what in ("environ", "cmdline"):
-                    where = f"/proc/{p}/{what} (host pid, after the handshake)"
-                    if where in self.secret_late or f"/proc/{p}/{what} (host pid)" in told:
-                        continue
-                    with contextlib.suppress(OSError):
-                        if asked.secret.encode() in Path(f"/proc/{p}/{what}").read_bytes():
-                            self.secret_late.append(where)
+            # One the handshake already found, or an earlier look, is said once.
+            told = {*seen.reached.get("secret_holders", []), *self.secret_late}
+            self.secret_late += [c for c in secret_carriers([*helpers, *late], asked.secret) if c not in told]
         members = {*seen.reached.get("pids", []), *late}
         pids = [*helpers, *late]
         found = [*held(pids, seen.mounts, seen.namespaces, asked.devices, task=seen.pid, members=members),

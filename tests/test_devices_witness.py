@@ -61,12 +61,16 @@ def test_the_host_marks_a_node_made_after_its_reading_began(tmp_path: Path) -> N
     if os.geteuid() != 0:
         pytest.skip("mknod needs root")
     (tmp_path / "dev").mkdir()
-    # Char 240:0, "local/experimental use" (Documentation/admin-guide/devices.txt): no driver.
-    os.mknod(tmp_path / "dev" / "early", 0o600 | stat.S_IFCHR, os.makedev(240, 0))
+    # Pseudo-terminal slaves' numbers (136:N) on a node of a tmpfs: no devpts instance behind it, and
+    # 240:N, "local/experimental use" (Documentation/admin-guide/devices.txt): no driver for either.
+    os.mknod(tmp_path / "dev" / "early", 0o600 | stat.S_IFCHR, os.makedev(136, 250))
     time.sleep(0.05)  # the inode clock is coarse (a jiffy)
     looked_at = time.time()
     time.sleep(0.05)
-    os.mknod(tmp_path / "dev" / "late", 0o600 | stat.S_IFCHR, os.makedev(240, 1))
+    os.mknod(tmp_path / "dev" / "late", 0o600 | stat.S_IFCHR, os.makedev(136, 251))
+    # Not a terminal: a ctime any owner can bump (chmod) excuses nothing.
+    os.mknod(tmp_path / "dev" / "touched", 0o600 | stat.S_IFCHR, os.makedev(240, 1))
     found = {d["path"]: d for d in observer.device_nodes(tmp_path, [], {}, looked_at)}
     assert "late" not in found["/dev/early"] and found["/dev/late"].get("late") is True
+    assert "late" not in found["/dev/touched"]
     assert all("late" not in d for d in observer.device_nodes(tmp_path, [], {}, None))

@@ -51,8 +51,8 @@ FLAGS = (
 
 
 def version(exe: str) -> str:
-    """"0.9.72" from "firejail version 0.9.72"; "" where it did not answer (within 10 s: its group
-    killed then, as every child of ours is, processes/children.py)."""
+    """"0.9.72" from "firejail version 0.9.72"; "" where it did not answer within VERSION_TIMEOUT (its
+    group killed then, as every child of ours is, processes/children.py)."""
     out = children.run([exe, "--version"], timeout=VERSION_TIMEOUT).stdout
     first = out.splitlines()[0] if out else ""
     return first.rsplit(" ", 1)[-1]

@@ -139,18 +139,20 @@ def test_the_task_holds_no_descriptor_that_leads_out(sbxc_task: Task) -> None:
 @witness("secrets")
 def test_the_launchers_secret_is_readable_nowhere_in_the_task(sbxc_task: Task) -> None:
     reached = {} if _task_view(sbxc_task) else _reach(sbxc_task)
-    holders = [*reached.get("secret_holders", []), *sbxc_task.secret_late]
+    holders = list(reached.get("secret_holders", []))
+    later = list(sbxc_task.secret_late)
     files = [f"{e['host_path']} at {e['path']}" for e in reached.get("secret_file", [])]
     scan = _inside(sbxc_task, "secrets")
     inside = list(scan.get("found", []))
     from_fds = [f"fd {d['fd']}" for d in sbxc_task.get("descriptors") or [] if d.get("secret")]
     left = list(sbxc_task.secret_files)
-    assert not (holders or files or inside or from_fds or left), (
+    assert not (holders or later or files or inside or from_fds or left), (
         "the launcher's secret is readable in the task: "
         + "; ".join(
             f"{what}: {where}"
             for what, where in (
                 ("host sees it in", holders),
+                ("host sees it, after the handshake, in", later),
                 ("its file is reachable", files),
                 ("the task read it from", inside + from_fds),
                 ("written where the task works", left),
