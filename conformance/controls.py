@@ -623,6 +623,14 @@ REACH: tuple[Control, ...] = (
         "holds the key): the task, of the same uid, reads its /proc/PID/environ after its own search",
         launcher_args=("--exec-late-env",),
         reddens=(SECRETS,),
+        collateral=(
+            Collateral(
+                DESCRIPTORS,
+                "between its fork and its execve(2) the entering process still holds the namespace "
+                "descriptors it entered by (closed at exec, O_CLOEXEC): a later look in those "
+                "milliseconds sees them (2 full runs in 3 under load)",
+            ),
+        ),
     ),
     Control(
         "helper_held_late",
